@@ -1,0 +1,33 @@
+"""liger-portable: fused Triton kernels for LLM training on NVIDIA, AMD and Intel GPUs, with
+per-vendor launch configs and a pure-PyTorch fallback.
+
+    >>> import liger_portable
+    >>> liger_portable.platform().backend        # 'cuda', 'rocm', 'xpu' or 'cpu'
+    >>> from liger_portable import functional as F, nn
+"""
+
+from __future__ import annotations
+
+from ._configs import ConfigError, resolve
+from ._platform import DeviceInfo, Platform, PlatformError, platform, reset
+
+__version__ = "0.1.0"
+
+# Detect the backend now (cheap: build flags only, no GPU context) so that a bad
+# LIGER_PORTABLE_BACKEND fails at import with a clear message rather than at the first kernel.
+platform()
+
+from . import functional, nn  # noqa: E402  (needs the platform above)
+
+__all__ = [
+    "ConfigError",
+    "DeviceInfo",
+    "Platform",
+    "PlatformError",
+    "functional",
+    "nn",
+    "platform",
+    "reset",
+    "resolve",
+    "__version__",
+]

@@ -1,0 +1,448 @@
+"""Launch configs: the per-vendor tables in ``backends/`` and the one function that picks a config.
+
+:func:`resolve` answers "which launch config for kernel K on this device, for this problem and
+dtype". It looks, in order, at
+
+1. the user autotune cache (``$LIGER_PORTABLE_CACHE_DIR`` or ``$XDG_CACHE_HOME/liger_portable``),
+2. the tuned files shipped in ``autotune_cache/``,
+3. the vendor table ``backends/<backend>.json``: the section of the device's arch, then the
+   vendor's ``default`` section,
+
+validates the answer against the device's limits (threads per block, shared memory) and the
+backend's option names, and memoizes it, so that a repeated call costs one dict lookup.
+
+Table format (``backends/<backend>.json``)::
+
+    {
+      "schema": 1,
+      "backend": "cuda",
+      "sections": {
+        "default": {                      # required, used when no arch section matches
+          "limits": {"warp_size": 32, "max_threads_per_block": 1024, "shared_mem_per_block": 101376},
+          "measured": "how the values were obtained",
+          "kernels": {
+            "rms_norm_fwd": {
+              "base": {"num_stages": 1},  # merged under every rule's config
+              "rules": [                  # first rule whose "upto" bounds all hold wins
+                {"upto": {"n_cols": 1024}, "config": {"num_warps": 4, ...}, "why": "..."},
+                {"config": {...}, "why": "..."}        # the default section ends with a catch-all
+              ],
+              "search": {"space": {"num_warps": [4, 8, 16], ...}, "why": "..."}
+            }
+          }
+        },
+        "sm90": {"match": ["sm90*"], "limits": {...}, "measured": "...", "kernels": {...}}
+      }
+    }
+
+A config holds ``num_warps``, optionally ``num_stages``, every ``tl.constexpr`` the kernel's
+:class:`~liger_portable._specs.KernelSpec` declares, and options of this backend only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import itertools
+import json
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from . import _cache, _paths
+from ._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, DeviceInfo, on_reset
+from ._specs import SPECS, KernelSpec
+
+SCHEMA = 1
+LIMIT_FIELDS = ("warp_size", "max_threads_per_block", "shared_mem_per_block")
+_GPU_BACKENDS = ("cuda", "rocm", "xpu")
+
+
+class ConfigError(ValueError):
+    """A config table or cache entry is malformed; the message names file, kernel and field."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    warp_size: int
+    max_threads_per_block: int
+    shared_mem_per_block: int
+
+    @classmethod
+    def of(cls, device: DeviceInfo) -> "Limits":
+        return cls(device.warp_size, device.max_threads_per_block, device.shared_mem_per_block)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One launch config: warps, stages, constexpr parameters and backend options."""
+
+    num_warps: int
+    num_stages: int | None
+    params: tuple[tuple[str, int], ...]
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LaunchConfig":
+        params = tuple(sorted((k, v) for k, v in d.items() if k[:1].isupper()))
+        options = tuple(sorted((k, v) for k, v in d.items() if k in ALL_BACKEND_OPTIONS))
+        return cls(int(d["num_warps"]), d.get("num_stages"), params, options)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_warps": self.num_warps}
+        if self.num_stages is not None:
+            out["num_stages"] = self.num_stages
+        out.update(self.params)
+        out.update(self.options)
+        return out
+
+    def __getitem__(self, name: str) -> int:
+        return dict(self.params)[name]
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.to_dict().items())
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The answer of :func:`resolve`.
+
+    Attributes:
+        config: the validated launch config.
+        source: where it came from, e.g. ``table cuda.json [sm90] rule 2``.
+        launch: keyword arguments for ``kernel[grid](..., **launch)``: warps, stages, backend
+            options and the constexpr parameters the kernel takes.
+        meta: every parameter (host-side ones too) as a dict, for the launch code's arithmetic.
+    """
+
+    config: LaunchConfig
+    source: str
+    launch: dict[str, Any]
+    meta: dict[str, int]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_config(
+    cfg: Any, spec: KernelSpec, backend: str, limits: Limits, where: str, *, partial: bool = False
+) -> None:
+    """Raise :class:`ConfigError` if ``cfg`` is not a legal config of ``spec`` on ``limits``."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: config must be an object, got {type(cfg).__name__}")
+    for name, value in cfg.items():
+        if name == "num_warps":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ConfigError(f"{where}: field 'num_warps' must be a power of two >= 1, got {value!r}")
+            threads = value * limits.warp_size
+            if threads > limits.max_threads_per_block:
+                raise ConfigError(
+                    f"{where}: field 'num_warps'={value} gives {threads} threads per block "
+                    f"(warp size {limits.warp_size}) over the limit of {limits.max_threads_per_block}; "
+                    f"use num_warps <= {limits.max_threads_per_block // limits.warp_size}"
+                )
+        elif name == "num_stages":
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
+                raise ConfigError(f"{where}: field 'num_stages' must be an integer in [1, 8], got {value!r}")
+        elif name in spec.params:
+            err = spec.params[name].check(value)
+            if err:
+                raise ConfigError(f"{where}: field {name!r} ({spec.params[name].doc}) {err}")
+        elif name in ALL_BACKEND_OPTIONS:
+            if name not in BACKEND_OPTIONS[backend]:
+                owner = next(b for b, opts in BACKEND_OPTIONS.items() if name in opts)
+                raise ConfigError(
+                    f"{where}: field {name!r} is a {owner} launch option; the {backend} Triton backend "
+                    f"raises KeyError for it at launch. Allowed options here: "
+                    f"{sorted(BACKEND_OPTIONS[backend]) or 'none'}"
+                )
+        else:
+            raise ConfigError(
+                f"{where}: unknown field {name!r}; expected num_warps, num_stages, "
+                f"{', '.join(spec.params)} or a {backend} option {sorted(BACKEND_OPTIONS[backend])}"
+            )
+    if partial:
+        return
+    missing = [n for n in ("num_warps", *spec.params) if n not in cfg]
+    if missing:
+        raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}")
+    smem = spec.smem_bytes(cfg, cfg["num_warps"], 4)
+    if smem > limits.shared_mem_per_block:
+        raise ConfigError(
+            f"{where}: needs about {smem} bytes of shared memory per block, over the limit of "
+            f"{limits.shared_mem_per_block}"
+        )
+
+
+def _check_limits(raw: Any, where: str) -> Limits:
+    if not isinstance(raw, dict) or set(raw) != set(LIMIT_FIELDS):
+        raise ConfigError(f"{where}: field 'limits' must have exactly {', '.join(LIMIT_FIELDS)}")
+    for k in LIMIT_FIELDS:
+        if isinstance(raw[k], bool) or not isinstance(raw[k], int) or raw[k] <= 0:
+            raise ConfigError(f"{where}: field 'limits.{k}' must be a positive integer, got {raw[k]!r}")
+    return Limits(**raw)
+
+
+@dataclass(frozen=True)
+class Rule:
+    upto: tuple[tuple[str, int], ...]
+    config: dict[str, Any]
+
+    def matches(self, problem: Mapping[str, int]) -> bool:
+        return all(problem[k] <= v for k, v in self.upto)
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    rules: tuple[Rule, ...]
+    search: dict[str, list]
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    match: tuple[str, ...]
+    limits: Limits
+    measured: str
+    kernels: dict[str, KernelEntry]
+
+
+@dataclass(frozen=True)
+class Table:
+    backend: str
+    path: Path
+    sections: dict[str, Section]
+
+    def section_for(self, arch: str) -> Section:
+        """The arch section for ``arch`` (exact name, then ``match`` patterns), else ``default``."""
+        if arch in self.sections:
+            return self.sections[arch]
+        for s in self.sections.values():
+            if any(fnmatch.fnmatchcase(arch, p) for p in s.match):
+                return s
+        return self.sections["default"]
+
+
+def _need(d: dict, key: str, typ: type, where: str):
+    if key not in d:
+        raise ConfigError(f"{where}: missing field {key!r}")
+    if not isinstance(d[key], typ):
+        raise ConfigError(f"{where}: field {key!r} must be {typ.__name__}, got {type(d[key]).__name__}")
+    return d[key]
+
+
+def parse_table(data: Any, path: Path, backend: str) -> Table:
+    """Validate a decoded table and build a :class:`Table`. Errors name file, kernel and field."""
+    f = path.name
+    if not isinstance(data, dict):
+        raise ConfigError(f"{f}: top level must be an object")
+    if data.get("schema") != SCHEMA:
+        raise ConfigError(f"{f}: field 'schema' must be {SCHEMA}, got {data.get('schema')!r}")
+    if data.get("backend") != backend:
+        raise ConfigError(f"{f}: field 'backend' must be {backend!r}, got {data.get('backend')!r}")
+    raw_sections = _need(data, "sections", dict, f)
+    if "default" not in raw_sections:
+        raise ConfigError(f"{f}: missing section 'default' (used when no arch section matches)")
+    sections: dict[str, Section] = {}
+    for sname, raw in raw_sections.items():
+        sw = f"{f} [{sname}]"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{sw}: section must be an object")
+        limits = _check_limits(raw.get("limits"), sw)
+        measured = _need(raw, "measured", str, sw)
+        match = tuple(raw.get("match", ()))
+        kernels: dict[str, KernelEntry] = {}
+        for kname, kraw in _need(raw, "kernels", dict, sw).items():
+            kw = f"{sw} kernel {kname!r}"
+            spec = SPECS.get(kname)
+            if spec is None:
+                raise ConfigError(f"{kw}: unknown kernel; known kernels: {', '.join(SPECS)}")
+            base = kraw.get("base", {})
+            _check_config(base, spec, backend, limits, f"{kw} base", partial=True)
+            rules = []
+            for i, rraw in enumerate(_need(kraw, "rules", list, kw)):
+                rw = f"{kw} rule {i}"
+                _need(rraw, "why", str, rw)
+                upto = rraw.get("upto", {})
+                for field_name, bound in upto.items():
+                    if field_name not in spec.key:
+                        raise ConfigError(
+                            f"{rw}: field 'upto.{field_name}' is not a problem field of {kname} "
+                            f"({', '.join(spec.key)})"
+                        )
+                    if isinstance(bound, bool) or not isinstance(bound, int):
+                        raise ConfigError(f"{rw}: field 'upto.{field_name}' must be an integer")
+                cfg = {**base, **_need(rraw, "config", dict, rw)}
+                _check_config(cfg, spec, backend, limits, rw)
+                rules.append(Rule(tuple(sorted(upto.items())), cfg))
+            if sname == "default" and (not rules or rules[-1].upto):
+                raise ConfigError(f"{kw}: field 'rules' must end with a rule without 'upto' (catch-all)")
+            search_raw = kraw.get("search")
+            if sname == "default" and search_raw is None:
+                raise ConfigError(f"{kw}: missing field 'search' (the tuner's search space)")
+            search: dict[str, list] = {}
+            if search_raw is not None:
+                sw2 = f"{kw} search"
+                _need(search_raw, "why", str, sw2)
+                for name, values in _need(search_raw, "space", dict, sw2).items():
+                    if not isinstance(values, list) or not values:
+                        raise ConfigError(f"{sw2}: field {name!r} must be a non-empty list")
+                    for v in values:
+                        _check_config({name: v}, spec, backend, limits, f"{sw2} value", partial=True)
+                    search[name] = values
+            kernels[kname] = KernelEntry(tuple(rules), search)
+        sections[sname] = Section(sname, match, limits, measured, kernels)
+    missing = [k for k in SPECS if k not in sections["default"].kernels]
+    if missing:
+        raise ConfigError(f"{f} [default]: no entry for kernel(s) {', '.join(missing)}")
+    return Table(backend, path, sections)
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(backend: str, directory: str | None = None) -> Table:
+    """Load and validate ``backends/<backend>.json`` (memoized)."""
+    if backend not in _GPU_BACKENDS:
+        raise ValueError(f"backend must be one of {_GPU_BACKENDS}, got {backend!r}")
+    path = Path(directory) if directory else _paths.backends_dir()
+    path = path / f"{backend}.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: config table missing; the installation is incomplete "
+            "(reinstall liger-portable)"
+        ) from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the config table: {e}") from None
+    return parse_table(data, path, backend)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def table_config(
+    table: Table, arch: str, kernel: str, problem: Mapping[str, int]
+) -> tuple[dict[str, Any], str]:
+    """The table's config for ``problem`` and a description of the rule that gave it."""
+    section = table.section_for(arch)
+    for s in (section, table.sections["default"]):
+        entry = s.kernels.get(kernel)
+        if entry is None:
+            continue
+        for i, rule in enumerate(entry.rules):
+            if rule.matches(problem):
+                return rule.config, f"table {table.path.name} [{s.name}] rule {i}"
+    raise AssertionError("unreachable: default sections end with a catch-all rule")
+
+
+def search_space(table: Table, arch: str, kernel: str) -> dict[str, list]:
+    """The tuner's search space for ``kernel`` on ``arch`` (arch section first, else default)."""
+    section = table.section_for(arch)
+    entry = section.kernels.get(kernel)
+    if entry is None or not entry.search:
+        entry = table.sections["default"].kernels[kernel]
+    return entry.search
+
+
+def search_configs(table: Table, arch: str, kernel: str, limits: Limits) -> Iterator[dict[str, Any]]:
+    """Every point of the search space that is legal on ``limits`` (fields not searched take the
+    table default)."""
+    spec = SPECS[kernel]
+    space = search_space(table, arch, kernel)
+    names = list(space)
+    for values in itertools.product(*(space[n] for n in names)):
+        cfg = dict(zip(names, values))
+        try:
+            _check_config(cfg, spec, table.backend, limits, "search", partial=True)
+            yield cfg
+        except ConfigError:
+            continue
+
+
+_memo: dict[tuple, Resolved] = {}
+_memo_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _clear_memo() -> None:
+    with _memo_lock:
+        _memo.clear()
+    _warned.clear()
+    load_table.cache_clear()
+    _cache.clear()
+
+
+on_reset(_clear_memo)
+
+
+def _make(spec: KernelSpec, cfg: dict[str, Any], source: str) -> Resolved:
+    lc = LaunchConfig.from_dict(cfg)
+    kernel_params = {k: v for k, v in lc.params if not spec.params[k].host}
+    launch = {**kernel_params, "num_warps": lc.num_warps, **dict(lc.options)}
+    if lc.num_stages is not None:
+        launch["num_stages"] = lc.num_stages
+    return Resolved(lc, source, launch, dict(lc.params))
+
+
+def _fit_to_device(cfg: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """Shrink ``num_warps`` until the config fits a device whose limits the table did not know."""
+    cfg = dict(cfg)
+    while cfg["num_warps"] > 1 and cfg["num_warps"] * limits.warp_size > limits.max_threads_per_block:
+        cfg["num_warps"] //= 2
+    return cfg
+
+
+def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> Resolved:
+    spec = SPECS[kernel]
+    named = dict(zip(spec.key, problem))
+    limits = Limits.of(device)
+    for hit in _cache.lookup(spec, device, named, dtype):
+        cfg, where = hit
+        try:
+            _check_config(cfg, spec, device.backend, limits, f"{where} kernel {kernel!r}")
+        except ConfigError as e:
+            _warn_once(f"liger_portable: ignoring a cached config: {e}")
+            continue
+        return _make(spec, cfg, where)
+    table = load_table(device.backend)
+    cfg, where = table_config(table, device.arch, kernel, named)
+    try:
+        _check_config(cfg, spec, device.backend, limits, f"{where} kernel {kernel!r}")
+    except ConfigError as e:
+        fitted = _fit_to_device(cfg, limits)
+        _check_config(fitted, spec, device.backend, limits, f"{where} kernel {kernel!r} (fitted)")
+        _warn_once(
+            f"liger_portable: {e}. Device {device.name} ({device.arch}) has no section of its own in "
+            f"{table.path.name}; using num_warps={fitted['num_warps']} instead"
+        )
+        cfg, where = fitted, where + " (fitted to device limits)"
+    return _make(spec, cfg, where)
+
+
+def resolve(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> Resolved:
+    """The launch config for ``kernel`` on ``device`` for ``problem`` (values in the order of the
+    kernel spec's ``key``) and ``dtype``. Memoized: a repeated call is one dict lookup.
+
+    Raises:
+        ConfigError: the table is malformed or missing (names file, kernel and field).
+    """
+    memo_key = (kernel, device, problem, dtype)
+    hit = _memo.get(memo_key)
+    if hit is not None:
+        return hit
+    with _memo_lock:
+        hit = _memo.get(memo_key)
+        if hit is None:
+            hit = _resolve_uncached(kernel, device, problem, dtype)
+            _memo[memo_key] = hit
+    return hit

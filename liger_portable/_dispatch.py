@@ -1,0 +1,60 @@
+"""Per-call dispatch: tensors on the backend's GPU go to Triton, everything else to the fallback.
+
+The decision reads only the tensors' device and the platform detected at import, so it is cheap
+and traces cleanly under ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+from ._platform import DeviceInfo, platform
+
+# A simulated GPU for CPU tensors: set by :func:`simulate` so that the Triton kernels run in the
+# Triton interpreter (TRITON_INTERPRET=1) with that device's launch configs. None in normal use.
+_SIMULATED: DeviceInfo | None = None
+
+
+def same_device(**tensors: torch.Tensor) -> torch.device:
+    """The common device of the named tensors; a clear error naming them if they differ."""
+    items = list(tensors.items())
+    name0, t0 = items[0]
+    for name, t in items[1:]:
+        if t.device != t0.device:
+            raise ValueError(
+                f"{name} is on {t.device} but {name0} is on {t0.device}; move them to one device "
+                f"(e.g. {name}.to({name0}.device))"
+            )
+    return t0.device
+
+
+def use_kernels(device: torch.device) -> bool:
+    """True if tensors on ``device`` run the Triton kernels, False for the PyTorch fallback."""
+    if device.type == "cpu":
+        return _SIMULATED is not None
+    p = platform()
+    return p.backend != "cpu" and device.type == p.torch_device_type
+
+
+def device_info(t: torch.Tensor) -> DeviceInfo:
+    """The :class:`DeviceInfo` whose launch configs apply to ``t`` (the simulated one for CPU tensors)."""
+    if t.device.type == "cpu":
+        assert _SIMULATED is not None, "CPU tensors reach the kernels only under simulate()"
+        return _SIMULATED
+    return platform().device(t.device.index)
+
+
+@contextlib.contextmanager
+def simulate(device: DeviceInfo) -> Iterator[DeviceInfo]:
+    """Run kernels on CPU tensors as if on ``device``: its vendor table and limits decide the
+    launch configs, and the Triton interpreter executes them. Needs ``TRITON_INTERPRET=1`` set
+    before ``liger_portable`` is imported. For tests and the vendor matrix."""
+    global _SIMULATED
+    previous, _SIMULATED = _SIMULATED, device
+    try:
+        yield device
+    finally:
+        _SIMULATED = previous

@@ -1,0 +1,233 @@
+"""RMSNorm forward and backward in Triton: one source for every vendor.
+
+Forward: each program normalises ``BLOCK_M`` rows. Rows up to ``BLOCK_N_MAX`` columns are held in
+registers (one read of x, one write of y); longer rows take two passes over column blocks.
+The per-row ``rstd`` (fp32) is saved for the backward.
+
+Backward: a persistent grid of ``PROGRAMS_PER_CU`` programs per compute unit; each walks its share
+of the rows, writes dx and accumulates the weight gradient of its rows in fp32, then writes one
+partial row; the partials are summed on the host side of the launch (``num_programs x n_cols``
+floats, small). Long rows accumulate their partial in global memory instead of registers.
+
+All arithmetic is fp32; loads are in the input dtype, stores in the output dtype; row offsets are
+int64 so ``n_rows * stride`` may pass 2**31.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._configs import resolve
+from .._dispatch import device_info
+from .._specs import next_pow2
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    X, Y, W, RSTD,
+    stride_x, stride_y, n_rows, n_cols, eps, offset,
+    GEMMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    rows64 = rows.to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    x_row = X + rows64[:, None] * stride_x
+    y_row = Y + rows64[:, None] * stride_y
+    if SINGLE_PASS:
+        col_mask = cols < n_cols
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
+        xhat = x * rstd[:, None]
+        if not GEMMA:
+            xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+        tl.store(y_row + cols[None, :], (xhat * w[None, :]).to(Y.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            mask = row_mask[:, None] & (c < n_cols)[None, :]
+            x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            col_mask = c < n_cols
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(W + c, mask=col_mask, other=0.0).to(tl.float32) + offset
+            xhat = x * rstd[:, None]
+            if not GEMMA:
+                xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+            tl.store(y_row + c[None, :], (xhat * w[None, :]).to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    DY, X, W, RSTD, DX, DW_PARTIAL,
+    stride_dy, stride_x, stride_dx, n_rows, n_cols, offset,
+    GEMMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    n_blocks = tl.cdiv(n_rows, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dw_row = DW_PARTIAL + pid.to(tl.int64) * n_cols
+    if SINGLE_PASS:
+        col_mask = cols < n_cols
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
+        dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for block in range(pid, n_blocks, n_programs):
+            rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < n_rows
+            rows64 = rows.to(tl.int64)
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+            xhat = x * rstd[:, None]
+            g = dy * w[None, :]
+            c = tl.sum(g * xhat, axis=1) / n_cols
+            dx = (g - xhat * c[:, None]) * rstd[:, None]
+            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+            if not GEMMA:
+                xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+            dw += dy * xhat
+        tl.store(dw_row + cols, tl.sum(dw, axis=0), mask=col_mask)
+    else:
+        # DW_PARTIAL arrives zeroed; each program owns its row of it.
+        for block in range(pid, n_blocks, n_programs):
+            rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < n_rows
+            rows64 = rows.to(tl.int64)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+            x_row = X + rows64[:, None] * stride_x
+            dy_row = DY + rows64[:, None] * stride_dy
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK_N):
+                cc = start + cols
+                col_mask = cc < n_cols
+                mask = row_mask[:, None] & col_mask[None, :]
+                x = tl.load(x_row + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_row + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + cc, mask=col_mask, other=0.0).to(tl.float32) + offset
+                acc += dy * w[None, :] * x
+            c = tl.sum(acc, axis=1) * rstd / n_cols
+            for start in range(0, n_cols, BLOCK_N):
+                cc = start + cols
+                col_mask = cc < n_cols
+                mask = row_mask[:, None] & col_mask[None, :]
+                x = tl.load(x_row + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_row + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + cc, mask=col_mask, other=0.0).to(tl.float32) + offset
+                xhat = x * rstd[:, None]
+                dx = (dy * w[None, :] - xhat * c[:, None]) * rstd[:, None]
+                tl.store(DX + rows64[:, None] * stride_dx + cc[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+                if not GEMMA:
+                    xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+                part = tl.load(dw_row + cc, mask=col_mask, other=0.0)
+                tl.store(dw_row + cc, part + tl.sum(dy * xhat, axis=0), mask=col_mask)
+
+
+def _block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
+    block = next_pow2(n_cols)
+    return (block, True) if block <= block_n_max else (block_n_max, False)
+
+
+def rms_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward on a 2-D ``x`` whose last dimension is contiguous.
+
+    Returns ``(y, rstd)``: y contiguous in ``x.dtype``, rstd fp32 of shape ``(n_rows,)``.
+    """
+    n_rows, n_cols = x.shape
+    dev = device_info(x)
+    cfg = resolve("rms_norm_fwd", dev, (n_cols, n_rows), x.dtype)
+    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block_m = cfg.meta["BLOCK_M"]
+    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
+    _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
+        x, y, weight, rstd,
+        x.stride(0), y.stride(0), n_rows, n_cols, eps, offset,
+        GEMMA=gemma, BLOCK_N=block_n, SINGLE_PASS=single, **cfg.launch,
+    )
+    return y, rstd
+
+
+def rms_norm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float, gemma: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension.
+
+    Returns ``(dx, dweight)`` in the dtypes of ``x`` and ``weight``.
+    """
+    if dy.stride(-1) != 1:
+        dy = dy.contiguous()
+    n_rows, n_cols = x.shape
+    dev = device_info(x)
+    cfg = resolve("rms_norm_bwd", dev, (n_cols, n_rows), x.dtype)
+    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block_m = cfg.meta["BLOCK_M"]
+    n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
+    dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    alloc = torch.empty if single else torch.zeros
+    dw_partial = alloc((n_programs, n_cols), dtype=torch.float32, device=x.device)
+    _rms_norm_bwd_kernel[(n_programs,)](
+        dy, x, weight, rstd, dx, dw_partial,
+        dy.stride(0), x.stride(0), dx.stride(0), n_rows, n_cols, offset,
+        GEMMA=gemma, BLOCK_N=block_n, SINGLE_PASS=single, **cfg.launch,
+    )
+    return dx, dw_partial.sum(0).to(weight.dtype)
+
+
+# --------------------------------------------------------------------------- autograd op
+# A custom op is opaque to torch.compile: the launch code (config resolution, memo lookups) never
+# gets traced, so a compiled model has no graph break here.
+
+
+@torch.library.custom_op("liger_portable::rms_norm", mutates_args=())
+def rms_norm_op(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of a 2-D ``x`` (rows x hidden, last dimension contiguous): ``(y, rstd)``."""
+    return rms_norm_fwd(x, weight, eps, offset, gemma)
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps, offset, gemma):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:1], dtype=torch.float32)
+
+
+@torch.library.custom_op("liger_portable::rms_norm_backward", mutates_args=())
+def rms_norm_backward_op(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float, gemma: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return rms_norm_bwd(dy, x, weight, rstd, offset, gemma)
+
+
+@rms_norm_backward_op.register_fake
+def _(dy, x, weight, rstd, offset, gemma):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, _eps, offset, gemma = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.offset, ctx.gemma = offset, gemma
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = rms_norm_backward_op(dy, x, weight, rstd, ctx.offset, ctx.gemma)
+    return dx, dw, None, None, None
+
+
+rms_norm_op.register_autograd(_backward, setup_context=_setup_context)
