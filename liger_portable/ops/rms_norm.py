@@ -23,6 +23,9 @@ from .._configs import resolve
 from .._dispatch import device_info
 from .._specs import next_pow2
 
+# Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
+_empty = torch.empty
+
 
 @triton.jit
 def _rms_norm_fwd_kernel(
@@ -151,8 +154,8 @@ def rms_norm_fwd(
     cfg = resolve("rms_norm_fwd", dev, (n_cols, n_rows), x.dtype)
     block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
-    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    rstd = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
+    y = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    rstd = _empty((n_rows,), dtype=torch.float32, device=x.device)
     _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
         x, y, weight, rstd,
         x.stride(0), y.stride(0), n_rows, n_cols, eps, offset,
@@ -176,8 +179,8 @@ def rms_norm_bwd(
     block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
     n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
-    dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    alloc = torch.empty if single else torch.zeros
+    dx = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    alloc = _empty if single else torch.zeros
     dw_partial = alloc((n_programs, n_cols), dtype=torch.float32, device=x.device)
     _rms_norm_bwd_kernel[(n_programs,)](
         dy, x, weight, rstd, dx, dw_partial,

@@ -1,0 +1,78 @@
+"""Shared test setup.
+
+Without a GPU, the Triton kernels run in the Triton interpreter: TRITON_INTERPRET must be set
+before liger_portable's kernels are decorated, so it is set here, before anything imports them.
+With a GPU, the real kernels run and the interpreter tests are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _has_gpu() -> bool:
+    xpu = getattr(torch, "xpu", None)
+    return torch.cuda.is_available() or (xpu is not None and xpu.is_available())
+
+
+HAS_GPU = _has_gpu()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+import pytest  # noqa: E402
+
+from liger_portable._platform import DeviceInfo  # noqa: E402
+
+# One simulated device per vendor table section family, for the interpreter tests.
+SIMULATED_DEVICES = {
+    "cuda-sm90": DeviceInfo("cuda", 0, "NVIDIA H200", "sm90", 32, 132, 1024, 232448),
+    "cuda-sm80": DeviceInfo("cuda", 0, "NVIDIA A100-SXM4-80GB", "sm80", 32, 108, 1024, 166912),
+    "rocm-gfx942": DeviceInfo("rocm", 0, "AMD Instinct MI300X", "gfx942", 64, 304, 1024, 65536),
+    "rocm-rdna": DeviceInfo("rocm", 0, "AMD Radeon RX 7900 XTX", "gfx1100", 32, 96, 1024, 65536),
+    "xpu-xe-hpc": DeviceInfo("xpu", 0, "Intel(R) Data Center GPU Max 1550", "xe-hpc", 32, 64, 1024, 131072),
+    "xpu-xe-hpg": DeviceInfo("xpu", 0, "Intel(R) Arc(TM) A770 Graphics", "xe-hpg", 32, 32, 1024, 65536),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a GPU (CUDA, ROCm or XPU)")
+    skip_interp = pytest.mark.skip(reason="interpreter tests run only without a GPU (TRITON_INTERPRET=1)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_gpu)
+        if "interpreter" in item.keywords and not INTERPRET:
+            item.add_marker(skip_interp)
+
+
+@pytest.fixture(params=sorted(SIMULATED_DEVICES))
+def simulated_device(request):
+    """Each vendor's simulated device in turn; kernels on CPU tensors run with its configs."""
+    from liger_portable._dispatch import simulate
+
+    with simulate(SIMULATED_DEVICES[request.param]) as dev:
+        yield dev
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Outputs the kernels allocate start as NaN, so any element a kernel fails to write shows."""
+    from liger_portable.ops import rms_norm as ops_rms_norm
+
+    def nan_empty(*shape, dtype=None, device=None):
+        return torch.full(*shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(ops_rms_norm, "_empty", nan_empty)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; inf if out has a non-finite value where ref has none."""
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}

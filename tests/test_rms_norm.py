@@ -1,0 +1,276 @@
+"""RMSNorm: fallback, Triton kernels (interpreter with each vendor's configs; real GPU), API edges.
+
+Every check compares against the fallback run in float64 on fresh random inputs (never zeros),
+forward and both gradients, with the dtype's tolerance (fp32 1e-5, bf16/fp16 1e-2).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import liger_portable
+from liger_portable import fallback
+from liger_portable import functional as F
+from liger_portable import nn as lnn
+
+from conftest import TOL, rel_err
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+MODES = [("llama", 0.0), ("gemma", 1.0)]
+
+
+def _inputs(shape, dtype, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 2 + 0.3).to(dtype)
+    w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype)
+    dy = torch.randn(shape, generator=g).to(dtype)
+    return x.to(device), w.to(device), dy.to(device)
+
+
+def _reference(x, w, dy, eps, offset, mode):
+    xd = x.detach().double().cpu().requires_grad_()
+    wd = w.detach().double().cpu().requires_grad_()
+    y = fallback.rms_norm(xd, wd, eps, offset, mode)
+    y.backward(dy.double().cpu())
+    return y, xd.grad, wd.grad
+
+
+def _run_and_compare(x, w, dy, dtype, mode, offset, eps=1e-6):
+    x = x.clone().requires_grad_()
+    w = w.clone().requires_grad_()
+    y = F.rms_norm(x, w, eps, offset=offset, casting_mode=mode)
+    assert y.dtype == dtype and y.shape == x.shape
+    y.backward(dy)
+    ry, rdx, rdw = _reference(x, w, dy, eps, offset, mode)
+    tol = TOL[dtype]
+    assert rel_err(y, ry) <= tol, ("y", rel_err(y, ry))
+    assert rel_err(x.grad, rdx) <= tol, ("dx", rel_err(x.grad, rdx))
+    assert rel_err(w.grad, rdw) <= tol, ("dw", rel_err(w.grad, rdw))
+    assert w.grad.dtype == w.dtype
+
+
+# --------------------------------------------------------------------------- fallback (CPU path)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode,offset", MODES)
+@pytest.mark.parametrize("shape", [(1, 7), (3, 5, 96), (17, 4097)])
+def test_fallback_matches_float64(shape, dtype, mode, offset):
+    x, w, dy = _inputs(shape, dtype)
+    _run_and_compare(x, w, dy, dtype, mode, offset)
+
+
+def test_fallback_is_llama_rmsnorm():
+    """The llama mode is Hugging Face's LlamaRMSNorm, bit for bit (written out here)."""
+    x, w, _ = _inputs((4, 64), torch.bfloat16)
+    h = x.float()
+    hf = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+    assert torch.equal(F.rms_norm(x, w, 1e-6), hf)
+
+
+def test_fallback_is_gemma_rmsnorm():
+    """The gemma mode with offset 1 is Hugging Face's GemmaRMSNorm, bit for bit."""
+    x, w, _ = _inputs((4, 64), torch.bfloat16)
+    h = x.float()
+    out = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)) * (1.0 + w.float())
+    assert torch.equal(F.rms_norm(x, w, 1e-6, offset=1.0, casting_mode="gemma"), out.to(torch.bfloat16))
+
+
+def test_float64_runs_fallback():
+    x, w, dy = _inputs((3, 10), torch.float64)
+    _run_and_compare(x, w, dy, torch.float64, "llama", 0.0)
+
+
+def test_nan_in_nan_out_only_in_that_row():
+    x, w, _ = _inputs((3, 16), torch.float32)
+    x[1, 4] = float("nan")
+    y = F.rms_norm(x, w)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
+
+
+def test_empty_input():
+    x = torch.empty(0, 8)
+    y = F.rms_norm(x, torch.ones(8))
+    assert y.shape == (0, 8)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_integer_input_names_x():
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor"):
+        F.rms_norm(torch.ones(2, 4, dtype=torch.int64), torch.ones(4))
+
+
+def test_integer_weight_names_weight():
+    with pytest.raises(TypeError, match=r"weight must be a floating-point tensor"):
+        F.rms_norm(torch.ones(2, 4), torch.ones(4, dtype=torch.int32))
+
+
+def test_weight_size_mismatch():
+    with pytest.raises(ValueError, match=r"weight must have shape \(4,\)"):
+        F.rms_norm(torch.ones(2, 4), torch.ones(5))
+
+
+def test_scalar_input():
+    with pytest.raises(ValueError, match=r"x must have at least one dimension"):
+        F.rms_norm(torch.tensor(1.0), torch.ones(1))
+
+
+def test_bad_casting_mode():
+    with pytest.raises(ValueError, match=r"casting_mode must be one of 'llama', 'gemma'"):
+        F.rms_norm(torch.ones(2, 4), torch.ones(4), casting_mode="none")
+
+
+def test_negative_eps():
+    with pytest.raises(ValueError, match=r"eps must be a non-negative number"):
+        F.rms_norm(torch.ones(2, 4), torch.ones(4), eps=-1.0)
+
+
+def test_devices_differ():
+    with pytest.raises(ValueError, match=r"weight is on meta but x is on cpu"):
+        F.rms_norm(torch.ones(2, 4), torch.ones(4, device="meta"))
+
+
+# --------------------------------------------------------------------------- module
+
+
+def test_module_is_llama_rmsnorm_drop_in():
+    m = lnn.RMSNorm(48, eps=1e-5)
+    assert m.variance_epsilon == 1e-5
+    assert list(m.state_dict()) == ["weight"] and torch.equal(m.weight, torch.ones(48))
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+    x, _, _ = _inputs((2, 3, 48), torch.float32)
+    ref = fallback.rms_norm(x.double(), m.weight.double(), 1e-5, 0.0, "llama")
+    assert rel_err(m(x), ref) <= 1e-5
+
+
+def test_module_gemma_init_zeros():
+    m = lnn.RMSNorm(8, offset=1.0, casting_mode="gemma", init="zeros")
+    x, _, _ = _inputs((2, 8), torch.float32)
+    ref = fallback.rms_norm(x.double(), torch.ones(8, dtype=torch.float64), 1e-6, 0.0, "gemma")
+    assert rel_err(m(x), ref) <= 1e-5
+
+
+# --------------------------------------------------------------------------- torch.compile (CPU path)
+
+
+def test_compile_fullgraph_cpu():
+    x, w, dy = _inputs((5, 40), torch.float32)
+    x.requires_grad_()
+    w.requires_grad_()
+    fn = torch.compile(F.rms_norm, fullgraph=True, backend="aot_eager")
+    y = fn(x, w, 1e-6)
+    y.backward(dy)
+    ry, rdx, rdw = _reference(x, w, dy, 1e-6, 0.0, "llama")
+    assert rel_err(y, ry) <= 1e-5 and rel_err(x.grad, rdx) <= 1e-5 and rel_err(w.grad, rdw) <= 1e-5
+
+
+# --------------------------------------------------------------------------- Triton interpreter, every vendor's configs
+
+# Odd sizes; rows that straddle BLOCK_M; one row; rows longer than every table's BLOCK_N_MAX
+# (looped path) and longer than 65536.
+KERNEL_SHAPES = [(1, 37), (19, 200), (6, 1000), (3, 4096), (2, 20000), (1, 70001)]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("mode,offset", MODES)
+def test_kernel_interpreter(simulated_device, poison, shape, dtype, mode, offset):
+    x, w, dy = _inputs(shape, dtype, seed=hash(shape) % 1000)
+    _run_and_compare(x, w, dy, dtype, mode, offset)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_strided_input(simulated_device, poison):
+    """Row stride larger than the row (a column slice) and a transposed (non-unit stride) input."""
+    base, w, _ = _inputs((9, 300), torch.float32)
+    x = base[:, :250]
+    assert x.stride() == (300, 1)
+    dy = torch.randn(9, 250)
+    _run_and_compare(x, w[:250].contiguous(), dy, torch.float32, "llama", 0.0)
+    xt = torch.randn(64, 7).t()  # stride (1, 7)
+    _run_and_compare(xt, w[:64].contiguous(), torch.randn(7, 64), torch.float32, "gemma", 1.0)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_3d_and_weight_dtype(simulated_device, poison):
+    """A (batch, seq, hidden) input, and an fp32 weight with a bf16 input (mixed precision)."""
+    x, _, dy = _inputs((2, 3, 130), torch.bfloat16)
+    w = torch.rand(130) + 0.5
+    _run_and_compare(x, w, dy, torch.bfloat16, "llama", 0.0)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_compile_fullgraph(simulated_device):
+    """The kernel path is a custom op: torch.compile(fullgraph=True) traces it without a break."""
+    x, w, dy = _inputs((4, 96), torch.float32)
+    x.requires_grad_()
+    w.requires_grad_()
+    fn = torch.compile(F.rms_norm, fullgraph=True, backend="aot_eager")
+    y = fn(x, w, 1e-6)
+    y.backward(dy)
+    ry, rdx, rdw = _reference(x, w, dy, 1e-6, 0.0, "llama")
+    assert rel_err(y, ry) <= 1e-5 and rel_err(x.grad, rdx) <= 1e-5 and rel_err(w.grad, rdw) <= 1e-5
+
+
+# --------------------------------------------------------------------------- real GPU
+
+
+def _gpu():
+    return torch.device(liger_portable.platform().torch_device_type, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 37), (333, 1000), (2048, 4096), (257, 5120), (64, 8192), (7, 20000), (3, 70001), (4, 131072)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("mode,offset", MODES)
+def test_kernel_gpu(poison, shape, dtype, mode, offset):
+    x, w, dy = _inputs(shape, dtype, device=_gpu(), seed=sum(shape))
+    _run_and_compare(x, w, dy, dtype, mode, offset)
+
+
+@pytest.mark.gpu
+def test_kernel_gpu_strided():
+    dev = _gpu()
+    base, w, _ = _inputs((513, 4096 + 64), torch.bfloat16, device=dev)
+    x = base[:, :4096]
+    dy = torch.randn(513, 4096, device=dev, dtype=torch.bfloat16).t().contiguous().t()  # non-unit stride grad
+    _run_and_compare(x, w[:4096].contiguous(), dy, torch.bfloat16, "llama", 0.0)
+
+
+@pytest.mark.gpu
+def test_kernel_gpu_beyond_int32_offsets():
+    """More than 2**31 elements: the last rows must be right (int64 row offsets)."""
+    dev = _gpu()
+    n_cols = 4096
+    n_rows = 2**31 // n_cols + 5
+    x = torch.randn(n_rows, n_cols, device=dev, dtype=torch.bfloat16)
+    w = (torch.rand(n_cols, device=dev) + 0.5).to(torch.bfloat16)
+    y = F.rms_norm(x, w)
+    tail = slice(n_rows - 7, n_rows)
+    ref = fallback.rms_norm(x[tail].double(), w.double(), 1e-6, 0.0, "llama")
+    assert rel_err(y[tail], ref) <= 1e-2
+    del y
+    x.requires_grad_()
+    dy = torch.randn_like(x)
+    F.rms_norm(x, w).backward(dy)
+    xd = x[tail].detach().double().requires_grad_()
+    fallback.rms_norm(xd, w.double(), 1e-6, 0.0, "llama").backward(dy[tail].double())
+    assert rel_err(x.grad[tail], xd.grad) <= 1e-2
+
+
+@pytest.mark.gpu
+def test_compile_fullgraph_gpu():
+    dev = _gpu()
+    x, w, dy = _inputs((64, 512), torch.bfloat16, device=dev)
+    x.requires_grad_()
+    w.requires_grad_()
+    fn = torch.compile(F.rms_norm, fullgraph=True)
+    y = fn(x, w, 1e-6)
+    y.backward(dy)
+    ry, rdx, rdw = _reference(x, w, dy, 1e-6, 0.0, "llama")
+    assert rel_err(y, ry) <= 1e-2 and rel_err(x.grad, rdx) <= 1e-2 and rel_err(w.grad, rdw) <= 1e-2
