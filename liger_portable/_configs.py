@@ -385,6 +385,11 @@ def _clear_memo() -> None:
 on_reset(_clear_memo)
 
 
+def make_resolved(kernel: str, cfg: dict[str, Any], source: str = "explicit") -> Resolved:
+    """A :class:`Resolved` for an explicit config (validated by the caller), as the tuner needs."""
+    return _make(SPECS[kernel], cfg, source)
+
+
 def _make(spec: KernelSpec, cfg: dict[str, Any], source: str) -> Resolved:
     lc = LaunchConfig.from_dict(cfg)
     kernel_params = {k: v for k, v in lc.params if not spec.params[k].host}

@@ -29,7 +29,10 @@ def backends_dir() -> Path:
 
 def shipped_cache_dir() -> Path:
     """The read-only folder of tuned configs shipped with the package, one file per device model."""
-    return _data_dir("autotune_cache")
+    try:
+        return _data_dir("autotune_cache")
+    except FileNotFoundError:  # no shipped tuning is not an error: the tables still apply
+        return _PKG / "autotune_cache"
 
 
 def user_cache_dir() -> Path:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import resolve
+from .._configs import Resolved, resolve
 from .._dispatch import device_info
 from .._specs import next_pow2
 
@@ -143,15 +143,17 @@ def _block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
 
 
 def rms_norm_fwd(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
+    config: Resolved | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward on a 2-D ``x`` whose last dimension is contiguous.
 
+    ``config`` overrides the resolved launch config (the tuner and benchmarks use it).
     Returns ``(y, rstd)``: y contiguous in ``x.dtype``, rstd fp32 of shape ``(n_rows,)``.
     """
     n_rows, n_cols = x.shape
     dev = device_info(x)
-    cfg = resolve("rms_norm_fwd", dev, (n_cols, n_rows), x.dtype)
+    cfg = config or resolve("rms_norm_fwd", dev, (n_cols, n_rows), x.dtype)
     block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
     y = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
@@ -165,17 +167,19 @@ def rms_norm_fwd(
 
 
 def rms_norm_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float, gemma: bool
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float, gemma: bool,
+    config: Resolved | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension.
 
-    Returns ``(dx, dweight)`` in the dtypes of ``x`` and ``weight``.
+    ``config`` overrides the resolved launch config. Returns ``(dx, dweight)`` in the dtypes of
+    ``x`` and ``weight``.
     """
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
     dev = device_info(x)
-    cfg = resolve("rms_norm_bwd", dev, (n_cols, n_rows), x.dtype)
+    cfg = config or resolve("rms_norm_bwd", dev, (n_cols, n_rows), x.dtype)
     block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
     n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))

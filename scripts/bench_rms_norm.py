@@ -1,0 +1,159 @@
+"""RMSNorm forward+backward on the GPU, side by side with its peers in one process.
+
+Peers: eager PyTorch (Hugging Face LlamaRMSNorm written out), torch.compile of it,
+``torch.nn.functional.rms_norm``, and liger-kernel's LigerRMSNorm (when importable).
+Reports median ms, achieved bandwidth against the copy ceiling measured in the same run, and peak
+extra memory. ``--sweep`` times every point of the table's search space for our kernels alone
+(forward and backward separately) and prints the best, to set the tables from measurements.
+
+    python scripts/bench_rms_norm.py [--sweep] [--hidden 4096 2880 ...] [--rows 16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from benchlib import copy_bandwidth_gbs, environment, markdown_table, median_ms, peak_extra_mib, write_results
+
+import liger_portable
+from liger_portable import functional as F
+from liger_portable._configs import Limits, load_table, make_resolved, resolve, search_configs
+from liger_portable.ops import rms_norm as ops
+
+EPS = 1e-6
+
+
+def hf_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+    return w * h.to(x.dtype)
+
+
+def peers(hidden: int, dtype: torch.dtype) -> dict:
+    fns = {
+        "eager (HF)": hf_rms_norm,
+        "torch.compile": torch.compile(hf_rms_norm),
+        "F.rms_norm": lambda x, w: torch.nn.functional.rms_norm(x, (hidden,), w, EPS),
+        "liger-portable": lambda x, w: F.rms_norm(x, w, EPS),
+    }
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        fns["liger-kernel"] = lambda x, w: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)  # in_place=False: dy is reused
+    except Exception as e:  # noqa: BLE001 - report and go on without the peer
+        print(f"liger-kernel not available: {e}")
+    return fns
+
+
+def bench_compare(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float) -> list[dict]:
+    x0 = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+    w0 = (torch.rand(hidden, device="cuda") + 0.5).to(dtype)
+    dy = torch.randn_like(x0)
+    nbytes = 5 * x0.numel() * x0.element_size()  # fwd: read x, write y; bwd: read x, dy, write dx
+    results = []
+    ref = None
+    for name, fn in peers(hidden, dtype).items():
+        x = x0.clone().requires_grad_()
+        w = w0.clone().requires_grad_()
+
+        def step():
+            x.grad = None
+            w.grad = None
+            fn(x, w).backward(dy)
+
+        step()
+        out = (x.grad.float(), w.grad.float())
+        if ref is None:
+            ref = out
+        err = max(((a - b).norm() / b.norm()).item() for a, b in zip(out, ref))
+        ms = median_ms(step)
+        mem = peak_extra_mib(step)
+        results.append(
+            {
+                "impl": name, "hidden": hidden, "rows": rows, "ms": ms, "peak_extra_mib": mem,
+                "gbs": nbytes / ms / 1e6, "pct_copy": 100 * nbytes / ms / 1e6 / ceiling_gbs,
+                "grad_rel_diff_vs_eager": err,
+            }
+        )
+        print(f"  {name:<15} {ms:7.3f} ms  {nbytes / ms / 1e6:6.0f} GB/s  {mem:7.0f} MiB  grad diff {err:.1e}")
+    return results
+
+
+def sweep(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float) -> dict:
+    """Time every legal search-space point for the forward and backward kernels alone."""
+    dev = liger_portable.platform().device(0)
+    table = load_table(dev.backend)
+    x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(dtype)
+    dy = torch.randn_like(x)
+    _, rstd = ops.rms_norm_fwd(x, w, EPS, 0.0, False)
+    out = {}
+    for kernel, nbytes_mult in (("rms_norm_fwd", 2), ("rms_norm_bwd", 3)):
+        default = resolve(kernel, dev, (hidden, rows), dtype)
+        base = default.config.to_dict()
+        timed = []
+        for point in search_configs(table, dev.arch, kernel, Limits.of(dev)):
+            cfg = {**base, **point}
+            r = make_resolved(kernel, cfg, "sweep")
+            if kernel == "rms_norm_fwd":
+                fn = lambda: ops.rms_norm_fwd(x, w, EPS, 0.0, False, config=r)  # noqa: E731
+            else:
+                fn = lambda: ops.rms_norm_bwd(dy, x, w, rstd, 0.0, False, config=r)  # noqa: E731
+            try:
+                ms = median_ms(fn, warmup_ms=10, rep_ms=60)
+            except Exception as e:  # noqa: BLE001 - out of resources etc.: skip the point
+                print(f"    {kernel} {cfg}: {type(e).__name__}")
+                continue
+            timed.append((ms, cfg))
+        timed.sort(key=lambda t: t[0])
+        default_ms = median_ms(
+            (lambda: ops.rms_norm_fwd(x, w, EPS, 0.0, False)) if kernel == "rms_norm_fwd"
+            else (lambda: ops.rms_norm_bwd(dy, x, w, rstd, 0.0, False))
+        )
+        nbytes = nbytes_mult * x.numel() * x.element_size()
+        best_ms, best_cfg = timed[0]
+        print(
+            f"  {kernel} hidden {hidden}: default {default_ms:.4f} ms ({default.config}) | best {best_ms:.4f} ms "
+            f"({100 * nbytes / best_ms / 1e6 / ceiling_gbs:.0f}% of copy) {best_cfg}"
+        )
+        for ms, cfg in timed[1:4]:
+            print(f"      next {ms:.4f} ms {cfg}")
+        out[kernel] = {"default_ms": default_ms, "default": str(default.config), "top": timed[:5]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hidden", type=int, nargs="+", default=[4096, 2880, 5120, 8192])
+    ap.add_argument("--rows", type=int, default=16384)
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    env = environment()
+    ceiling = copy_bandwidth_gbs()
+    env["copy_gbs"] = ceiling
+    print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
+    payload = {"env": env, "args": vars(args)}
+    if args.sweep:
+        payload["sweep"] = {h: sweep(h, args.rows, dtype, ceiling) for h in args.hidden}
+        write_results("rms_norm_sweep", payload)
+        return
+    rows = []
+    for h in args.hidden:
+        print(f"RMSNorm {args.rows} x {h} {args.dtype} forward+backward")
+        rows += bench_compare(h, args.rows, dtype, ceiling)
+    payload["results"] = rows
+    write_results("rms_norm_bench", payload)
+    table = markdown_table(
+        ["shape", "impl", "median ms", "GB/s", "% of copy", "peak extra MiB"],
+        [[f"{r['rows']}x{r['hidden']}", r["impl"], f"{r['ms']:.3f}", f"{r['gbs']:.0f}", f"{r['pct_copy']:.0f}",
+          f"{r['peak_extra_mib']:.0f}"] for r in rows],
+    )
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
