@@ -1,0 +1,759 @@
+"""Config tables (``backends/<vendor>.json``), their validation, and config resolution.
+
+Shipped tables must validate; broken copies of them must fail with a ConfigError that names the
+file, the kernel and the field. Resolution is checked on ``DeviceInfo`` objects built directly:
+rule boundaries, arch-section overrides, the default-section fallback, memoization, fitting to a
+smaller device, and the lookup order user cache -> shipped cache -> table (a bad cache file warns
+and falls through, never raises).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from liger_portable import _cache, _paths, _platform
+from liger_portable._configs import (
+    ConfigError,
+    Limits,
+    _check_config,
+    load_table,
+    parse_table,
+    resolve,
+    search_configs,
+    search_space,
+    table_config,
+)
+from liger_portable._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, ENV_BACKEND, DeviceInfo
+from liger_portable._specs import SPECS
+
+GPU_BACKENDS = ("cuda", "rocm", "xpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch, tmp_path):
+    """Empty, private autotune caches and a freshly detected platform in every test."""
+    monkeypatch.delenv(ENV_BACKEND, raising=False)
+    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(tmp_path / "user_cache"))
+    shipped = tmp_path / "shipped_cache"
+    shipped.mkdir()
+    monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
+    _platform.reset()
+    yield
+    _platform.reset()
+
+
+def raw_table(backend: str) -> dict:
+    """A private, decoded copy of the shipped table (mutate freely)."""
+    return json.loads((_paths.backends_dir() / f"{backend}.json").read_text())
+
+
+def parse(data: dict, backend: str):
+    return parse_table(data, _paths.backends_dir() / f"{backend}.json", backend)
+
+
+def expect_config_error(data: dict, backend: str, *fragments: str) -> str:
+    with pytest.raises(ConfigError) as ei:
+        parse(data, backend)
+    msg = str(ei.value)
+    for frag in fragments:
+        assert frag in msg, f"{frag!r} not in {msg!r}"
+    return msg
+
+
+# Devices built directly (no detection involved).
+H200 = dict(backend="cuda", index=0, name="NVIDIA H200", arch="sm90", warp_size=32, compute_units=132,
+            max_threads_per_block=1024, shared_mem_per_block=232448)
+DEVICES = {
+    "cuda-sm90": H200,
+    "cuda-sm86": dict(H200, name="NVIDIA GeForce RTX 3090", arch="sm86", compute_units=82, shared_mem_per_block=101376),
+    "rocm-gfx942": dict(backend="rocm", index=0, name="AMD Instinct MI300X", arch="gfx942", warp_size=64,
+                        compute_units=304, max_threads_per_block=1024, shared_mem_per_block=65536),
+    "rocm-gfx1100": dict(backend="rocm", index=0, name="AMD Radeon RX 7900 XTX", arch="gfx1100", warp_size=32,
+                         compute_units=48, max_threads_per_block=1024, shared_mem_per_block=65536),
+    "xpu-xe-hpc": dict(backend="xpu", index=0, name="Intel(R) Data Center GPU Max 1550", arch="xe-hpc",
+                       warp_size=32, compute_units=128, max_threads_per_block=1024, shared_mem_per_block=131072),
+    "xpu-xe2": dict(backend="xpu", index=0, name="Intel(R) Arc(TM) B580 Graphics", arch="xe2", warp_size=32,
+                    compute_units=20, max_threads_per_block=1024, shared_mem_per_block=65536),
+}
+
+
+def device(key: str, **overrides) -> DeviceInfo:
+    return DeviceInfo(**{**DEVICES[key], **overrides})
+
+
+# --------------------------------------------------------------------------- shipped tables
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_shipped_table_loads(backend):
+    t = load_table(backend)
+    assert t.backend == backend
+    assert t.path.name == f"{backend}.json"
+    assert "default" in t.sections
+    default = t.sections["default"]
+    for kernel in SPECS:
+        entry = default.kernels[kernel]
+        assert entry.rules and entry.rules[-1].upto == (), f"{kernel}: default rules need a catch-all"
+        assert entry.search, f"{kernel}: default section needs a search space"
+    assert load_table(backend) is t  # memoized
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_every_rule_fits_its_section_limits(backend):
+    t = load_table(backend)
+    foreign = ALL_BACKEND_OPTIONS - BACKEND_OPTIONS[backend]
+    for sname, section in t.sections.items():
+        lim = section.limits
+        for kernel, entry in section.kernels.items():
+            spec = SPECS[kernel]
+            for i, rule in enumerate(entry.rules):
+                where = f"{backend}.json [{sname}] {kernel} rule {i}"
+                _check_config(rule.config, spec, backend, lim, where)
+                assert rule.config["num_warps"] * lim.warp_size <= lim.max_threads_per_block, where
+                assert spec.smem_bytes(rule.config, rule.config["num_warps"], 4) <= lim.shared_mem_per_block, where
+                assert not foreign & set(rule.config), where
+                assert all(k in spec.key for k, _ in rule.upto), where
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_every_search_point_is_legal(backend):
+    t = load_table(backend)
+    for sname, section in t.sections.items():
+        lim = section.limits
+        for kernel, spec in SPECS.items():
+            space = search_space(t, sname, kernel)
+            points = list(search_configs(t, sname, kernel, lim))
+            where = f"{backend}.json [{sname}] {kernel}"
+            # The table lists no value that is illegal on its own section (nothing silently dropped).
+            assert len(points) == math.prod(len(v) for v in space.values()), where
+            # Every point, completed by the rule configs it would replace, is a full legal config.
+            rule_cfgs = [
+                table_config(t, sname, kernel, {"n_cols": n, "n_rows": 1000})[0] for n in (37, 1024, 4096, 70000)
+            ]
+            for point in points:
+                _check_config(point, spec, backend, lim, where, partial=True)
+                for base in rule_cfgs:
+                    _check_config({**base, **point}, spec, backend, lim, f"{where} {point}")
+
+
+def test_search_configs_drops_points_over_device_limits():
+    """A device with smaller limits than its table gets only the points that fit it."""
+    t = load_table("rocm")
+    small = Limits(warp_size=64, max_threads_per_block=256, shared_mem_per_block=65536)
+    points = list(search_configs(t, "gfx942", "rms_norm_fwd", small))
+    assert points
+    assert max(p["num_warps"] for p in points) == 4
+    full = list(search_configs(t, "gfx942", "rms_norm_fwd", t.sections["gfx942"].limits))
+    assert len(points) < len(full)
+
+
+# --------------------------------------------------------------------------- broken tables
+
+
+def _fwd_rule(data: dict, section: str = "default", i: int = 0) -> dict:
+    return data["sections"][section]["kernels"]["rms_norm_fwd"]["rules"][i]
+
+
+def test_rocm_num_warps_32_is_2048_threads():
+    data = raw_table("rocm")
+    _fwd_rule(data, i=3)["config"]["num_warps"] = 32
+    msg = expect_config_error(data, "rocm", "rocm.json", "[default]", "'rms_norm_fwd'", "rule 3", "num_warps", "2048")
+    assert "num_warps <= 16" in msg
+
+
+def test_rdna_section_num_warps_64_over_limit():
+    data = raw_table("rocm")
+    _fwd_rule(data, section="rdna", i=0)["config"]["num_warps"] = 64
+    expect_config_error(data, "rocm", "rocm.json", "[rdna]", "'rms_norm_fwd'", "num_warps", "2048")
+
+
+def test_amd_option_in_cuda_rule():
+    data = raw_table("cuda")
+    _fwd_rule(data, i=0)["config"]["waves_per_eu"] = 2
+    expect_config_error(data, "cuda", "cuda.json", "'rms_norm_fwd'", "rule 0", "'waves_per_eu'", "rocm")
+
+
+def test_intel_option_in_rocm_base():
+    data = raw_table("rocm")
+    data["sections"]["default"]["kernels"]["rms_norm_bwd"]["base"]["grf_mode"] = "large"
+    expect_config_error(data, "rocm", "rocm.json", "'rms_norm_bwd'", "base", "'grf_mode'", "xpu")
+
+
+def test_nvidia_option_in_xpu_search():
+    data = raw_table("xpu")
+    data["sections"]["default"]["kernels"]["rms_norm_fwd"]["search"]["space"]["maxnreg"] = [128]
+    expect_config_error(data, "xpu", "xpu.json", "'rms_norm_fwd'", "search", "'maxnreg'", "cuda")
+
+
+def test_illegal_search_value():
+    data = raw_table("rocm")
+    data["sections"]["default"]["kernels"]["rms_norm_fwd"]["search"]["space"]["num_warps"].append(32)
+    expect_config_error(data, "rocm", "rocm.json", "'rms_norm_fwd'", "search", "num_warps", "2048")
+
+
+@pytest.mark.parametrize("field", ["num_threads", "BLOCK_K"])
+def test_unknown_field(field):
+    data = raw_table("cuda")
+    _fwd_rule(data, i=1)["config"][field] = 16
+    expect_config_error(data, "cuda", "cuda.json", "'rms_norm_fwd'", "rule 1", "unknown field", repr(field))
+
+
+def test_missing_block_m():
+    data = raw_table("cuda")
+    del _fwd_rule(data, i=2)["config"]["BLOCK_M"]
+    expect_config_error(data, "cuda", "cuda.json", "'rms_norm_fwd'", "rule 2", "missing", "BLOCK_M")
+
+
+@pytest.mark.parametrize("value", [3, 12, 0, 128, "4", 4.0])
+def test_bad_block_m(value):
+    data = raw_table("xpu")
+    _fwd_rule(data, i=0)["config"]["BLOCK_M"] = value
+    expect_config_error(data, "xpu", "xpu.json", "'rms_norm_fwd'", "rule 0", "'BLOCK_M'")
+
+
+def test_non_power_of_two_block_m_says_so():
+    data = raw_table("cuda")
+    _fwd_rule(data, i=0)["config"]["BLOCK_M"] = 3
+    expect_config_error(data, "cuda", "cuda.json", "'rms_norm_fwd'", "'BLOCK_M'", "power of two")
+
+
+@pytest.mark.parametrize("how", ["drop-last", "bound-last"])
+def test_default_rules_need_catch_all(how):
+    data = raw_table("cuda")
+    rules = data["sections"]["default"]["kernels"]["rms_norm_bwd"]["rules"]
+    if how == "drop-last":
+        rules.pop()
+    else:
+        rules[-1]["upto"] = {"n_cols": 1 << 20}
+    expect_config_error(data, "cuda", "cuda.json", "[default]", "'rms_norm_bwd'", "'rules'", "catch-all")
+
+
+def test_arch_section_rules_need_no_catch_all():
+    # xe-hpc's rms_norm_fwd rules cover everything, but an arch section may stop early:
+    data = raw_table("xpu")
+    data["sections"]["xe-hpc"]["kernels"]["rms_norm_fwd"]["rules"].pop()
+    t = parse(data, "xpu")
+    cfg, where = table_config(t, "xe-hpc", "rms_norm_fwd", {"n_cols": 20000, "n_rows": 1})
+    assert "[default]" in where and "grf_mode" not in cfg
+
+
+def test_missing_why():
+    data = raw_table("rocm")
+    del data["sections"]["default"]["kernels"]["rms_norm_bwd"]["rules"][1]["why"]
+    expect_config_error(data, "rocm", "rocm.json", "'rms_norm_bwd'", "rule 1", "'why'")
+
+
+def test_missing_search_why():
+    data = raw_table("rocm")
+    del data["sections"]["default"]["kernels"]["rms_norm_bwd"]["search"]["why"]
+    expect_config_error(data, "rocm", "rocm.json", "'rms_norm_bwd'", "search", "'why'")
+
+
+@pytest.mark.parametrize("schema", [2, 0, None, "1"])
+def test_wrong_schema(schema):
+    data = raw_table("xpu")
+    data["schema"] = schema
+    expect_config_error(data, "xpu", "xpu.json", "'schema'")
+
+
+def test_wrong_backend():
+    data = raw_table("rocm")  # a ROCm table where the CUDA one belongs
+    expect_config_error(data, "cuda", "cuda.json", "'backend'", "'cuda'", "'rocm'")
+
+
+def test_unknown_kernel_name():
+    data = raw_table("cuda")
+    kernels = data["sections"]["sm90"]["kernels"]
+    kernels["rms_norm_fwdd"] = copy.deepcopy(data["sections"]["default"]["kernels"]["rms_norm_fwd"])
+    msg = expect_config_error(data, "cuda", "cuda.json", "[sm90]", "'rms_norm_fwdd'", "unknown kernel")
+    assert "rms_norm_fwd" in msg.split("known kernels:")[-1]
+
+
+def test_default_section_missing_a_kernel():
+    data = raw_table("xpu")
+    del data["sections"]["default"]["kernels"]["rms_norm_bwd"]
+    expect_config_error(data, "xpu", "xpu.json", "[default]", "rms_norm_bwd")
+
+
+def test_missing_default_section():
+    data = raw_table("cuda")
+    data["sections"]["generic"] = data["sections"].pop("default")
+    expect_config_error(data, "cuda", "cuda.json", "'default'")
+
+
+def test_missing_search_in_default():
+    data = raw_table("rocm")
+    del data["sections"]["default"]["kernels"]["rms_norm_fwd"]["search"]
+    expect_config_error(data, "rocm", "rocm.json", "[default]", "'rms_norm_fwd'", "'search'")
+
+
+def test_missing_search_in_arch_section_is_allowed():
+    data = raw_table("rocm")
+    del data["sections"]["rdna"]["kernels"]["rms_norm_fwd"]["search"]
+    t = parse(data, "rocm")
+    # falls back to the default section's search space
+    assert search_space(t, "gfx1100", "rms_norm_fwd") == t.sections["default"].kernels["rms_norm_fwd"].search
+
+
+@pytest.mark.parametrize("how", ["missing", "extra", "zero"])
+def test_bad_limits(how):
+    data = raw_table("cuda")
+    limits = data["sections"]["sm90"]["limits"]
+    if how == "missing":
+        del limits["warp_size"]
+    elif how == "extra":
+        limits["registers"] = 65536
+    else:
+        limits["max_threads_per_block"] = 0
+    expect_config_error(data, "cuda", "cuda.json", "[sm90]", "'limits")
+
+
+def test_upto_on_unknown_problem_field():
+    data = raw_table("cuda")
+    _fwd_rule(data, i=0)["upto"] = {"hidden": 256}
+    expect_config_error(data, "cuda", "cuda.json", "'rms_norm_fwd'", "rule 0", "'upto.hidden'")
+
+
+# Malformed shapes that the validator does not catch yet (see the xfail reasons).
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AttributeError,
+    reason="library bug: parse_table calls kraw.get() without checking that a kernel entry is an "
+    "object; a list gives AttributeError instead of a ConfigError naming file/kernel",
+)
+def test_kernel_entry_not_an_object():
+    data = raw_table("cuda")
+    data["sections"]["default"]["kernels"]["rms_norm_fwd"] = []
+    expect_config_error(data, "cuda", "cuda.json", "'rms_norm_fwd'")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AttributeError,
+    reason="library bug: parse_table calls upto.items() without checking that 'upto' is an object; "
+    "an integer gives AttributeError instead of a ConfigError naming field 'upto'",
+)
+def test_upto_not_an_object():
+    data = raw_table("cuda")
+    _fwd_rule(data, i=0)["upto"] = 256
+    expect_config_error(data, "cuda", "cuda.json", "'rms_norm_fwd'", "rule 0", "upto")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="library bug: a section's 'match' is not validated; a string such as \"sm10*\" becomes "
+    "tuple('sm10*') = ('s', 'm', '1', '0', '*'), and the '*' pattern makes the section match every "
+    "arch (sm120 then resolves with the sm100 section) instead of raising ConfigError",
+)
+def test_match_must_be_a_list_of_patterns():
+    data = raw_table("cuda")
+    data["sections"]["sm100"]["match"] = "sm10*"
+    expect_config_error(data, "cuda", "cuda.json", "[sm100]", "match")
+
+
+# --------------------------------------------------------------------------- loading from disk
+
+
+def test_missing_table_directory(tmp_path):
+    with pytest.raises(ConfigError) as ei:
+        load_table("cuda", directory=str(tmp_path))
+    assert str(tmp_path) in str(ei.value)
+    assert "cuda.json" in str(ei.value)
+
+
+def test_unreadable_table_file(tmp_path):
+    (tmp_path / "rocm.json").write_text('{"schema": 1, "backend": "rocm", "sect')
+    with pytest.raises(ConfigError) as ei:
+        load_table("rocm", directory=str(tmp_path))
+    assert str(tmp_path / "rocm.json") in str(ei.value)
+
+
+def test_table_from_other_directory(tmp_path):
+    data = raw_table("xpu")
+    (tmp_path / "xpu.json").write_text(json.dumps(data))
+    t = load_table("xpu", directory=str(tmp_path))
+    assert t.path == tmp_path / "xpu.json"
+
+
+def test_no_table_for_cpu():
+    with pytest.raises(ValueError, match="backend"):
+        load_table("cpu")
+
+
+# --------------------------------------------------------------------------- resolution from the tables
+
+
+def expected_from_json(backend: str, section_chain: tuple[str, ...], kernel: str, problem: dict) -> tuple[dict, str, int]:
+    """Independent oracle: walk the raw JSON as the format documents it."""
+    data = raw_table(backend)
+    for sname in section_chain:
+        entry = data["sections"][sname]["kernels"].get(kernel)
+        if entry is None:
+            continue
+        for i, rule in enumerate(entry["rules"]):
+            if all(problem[k] <= v for k, v in rule.get("upto", {}).items()):
+                return {**entry.get("base", {}), **rule["config"]}, sname, i
+    raise AssertionError("no rule matched")
+
+
+SECTION_CHAINS = {
+    "cuda-sm90": ("sm90", "default"),
+    "cuda-sm86": ("default",),
+    "rocm-gfx942": ("gfx942", "default"),
+    "rocm-gfx1100": ("rdna", "default"),
+    "xpu-xe-hpc": ("xe-hpc", "default"),
+    "xpu-xe2": ("xe2", "default"),
+}
+
+
+@pytest.mark.parametrize("dev_key", sorted(DEVICES))
+@pytest.mark.parametrize("kernel", sorted(SPECS))
+@pytest.mark.parametrize("n_cols", [1, 255, 256, 257, 1024, 1025, 4096, 4097, 20000, 70000])
+def test_rule_selection_matches_table(dev_key, kernel, n_cols):
+    dev = device(dev_key)
+    problem = {"n_cols": n_cols, "n_rows": 1000}
+    cfg, sname, i = expected_from_json(dev.backend, SECTION_CHAINS[dev_key], kernel, problem)
+    r = resolve(kernel, dev, (n_cols, 1000), torch.bfloat16)
+    assert r.config.to_dict() == cfg
+    assert r.source == f"table {dev.backend}.json [{sname}] rule {i}"
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_default_rule_boundaries(backend):
+    """n_cols 256 vs 257 and 4096 vs 4097 land on different default rules (first match wins)."""
+    dev = DeviceInfo(backend, 0, "Some GPU", "unknown-arch", 64 if backend == "rocm" else 32, 8, 1024, 65536)
+    rules = raw_table(backend)["sections"]["default"]["kernels"]["rms_norm_fwd"]["rules"]
+    index_of = {}
+    for n in (256, 257, 4096, 4097):
+        r = resolve("rms_norm_fwd", dev, (n, 1), torch.float32)
+        index_of[n] = int(r.source.rsplit(" ", 1)[1])
+        assert r.source.startswith(f"table {backend}.json [default] rule ")
+        want = rules[index_of[n]]
+        assert all(n <= v for v in want.get("upto", {}).values())
+        assert r.config["BLOCK_M"] == want["config"]["BLOCK_M"]
+        assert r.config.num_warps == want["config"]["num_warps"]
+    assert rules[index_of[256]]["upto"]["n_cols"] == 256
+    assert index_of[257] == index_of[256] + 1
+    assert rules[index_of[4096]]["upto"]["n_cols"] == 4096
+    assert index_of[4097] == index_of[4096] + 1
+    assert "upto" not in rules[index_of[4097]]
+
+
+def test_arch_section_overrides_default():
+    r = resolve("rms_norm_fwd", device("xpu-xe-hpc"), (20000, 1000), torch.bfloat16)
+    assert r.config.to_dict().get("grf_mode") == "large"
+    assert r.launch["grf_mode"] == "large"
+    assert "[xe-hpc]" in r.source
+
+
+@pytest.mark.parametrize("arch", ["xe-hpg", "xe2", "xe-future"])
+def test_xpu_default_has_no_grf_mode(arch):
+    r = resolve("rms_norm_fwd", device("xpu-xe-hpc", arch=arch), (20000, 1000), torch.bfloat16)
+    assert "grf_mode" not in r.config.to_dict()
+    assert "grf_mode" not in r.launch
+    assert "[default]" in r.source
+
+
+def test_arch_section_without_the_kernel_uses_default():
+    # xe-hpc overrides only the forward; the backward comes from the default section.
+    r = resolve("rms_norm_bwd", device("xpu-xe-hpc"), (20000, 1000), torch.bfloat16)
+    assert "[default]" in r.source and "grf_mode" not in r.launch
+
+
+@pytest.mark.parametrize(
+    "backend, arch, warp",
+    [("cuda", "sm75", 32), ("cuda", "sm120", 32), ("rocm", "gfx9999", 64), ("rocm", "gfx-unknown", 64), ("xpu", "xe3", 32)],
+)
+def test_unknown_arch_falls_back_to_default(backend, arch, warp):
+    t = load_table(backend)
+    assert t.section_for(arch).name == "default"
+    dev = DeviceInfo(backend, 0, "Future GPU", arch, warp, 64, 1024, 65536)
+    for kernel in SPECS:
+        r = resolve(kernel, dev, (4096, 1000), torch.float16)
+        assert r.source.startswith(f"table {backend}.json [default] rule ")
+
+
+@pytest.mark.parametrize("backend, arch, section", [
+    ("cuda", "sm90", "sm90"), ("cuda", "sm90a", "sm90"), ("cuda", "sm100", "sm100"), ("cuda", "sm103", "sm100"),
+    ("cuda", "sm80", "sm80"), ("cuda", "sm86", "default"),
+    ("rocm", "gfx942", "gfx942"), ("rocm", "gfx90a", "gfx90a"), ("rocm", "gfx1030", "rdna"),
+    ("rocm", "gfx1100", "rdna"), ("rocm", "gfx1201", "rdna"), ("rocm", "gfx940", "default"),
+    ("xpu", "xe-hpc", "xe-hpc"), ("xpu", "xe-hpg", "xe-hpg"), ("xpu", "xe2", "xe2"),
+])
+def test_section_for(backend, arch, section):
+    assert load_table(backend).section_for(arch).name == section
+
+
+def test_memoized_identical_object():
+    dev = device("cuda-sm90")
+    r1 = resolve("rms_norm_fwd", dev, (4096, 1000), torch.bfloat16)
+    assert resolve("rms_norm_fwd", dev, (4096, 1000), torch.bfloat16) is r1
+    other_dtype = resolve("rms_norm_fwd", dev, (4096, 1000), torch.float16)
+    assert other_dtype is not r1 and other_dtype.config == r1.config
+    _platform.reset()
+    r2 = resolve("rms_norm_fwd", dev, (4096, 1000), torch.bfloat16)
+    assert r2 is not r1 and r2.config == r1.config
+
+
+def test_launch_kwargs_exclude_host_params():
+    r = resolve("rms_norm_bwd", device("rocm-gfx942"), (4096, 1000), torch.bfloat16)
+    assert set(r.launch) == {"BLOCK_M", "num_warps", "num_stages"}
+    assert set(r.meta) == {"BLOCK_M", "BLOCK_N_MAX", "PROGRAMS_PER_CU"}
+
+
+def test_small_device_gets_fitted_config():
+    dev = DeviceInfo("rocm", 0, "Small AMD GPU", "gfx9999", 64, 8, 256, 65536)
+    with pytest.warns(RuntimeWarning) as rec:
+        r = resolve("rms_norm_fwd", dev, (20000, 1000), torch.bfloat16)
+    msgs = [str(w.message) for w in rec if issubclass(w.category, RuntimeWarning)]
+    assert any("num_warps=4" in m and "gfx9999" in m for m in msgs), msgs
+    assert r.config.num_warps == 4  # table says 8 (512 lanes); 256 lanes allowed
+    assert r.launch["num_warps"] * dev.warp_size <= dev.max_threads_per_block
+    assert "fitted" in r.source
+    assert r.source.startswith("table rocm.json [default]")
+    # the same message is not repeated for another size of the same rule
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r2 = resolve("rms_norm_fwd", dev, (30000, 1000), torch.bfloat16)
+    assert r2.config.num_warps == 4 and "fitted" in r2.source
+
+
+def test_config_that_cannot_be_fitted_raises():
+    # shared memory, not threads, is too small: fitting warps cannot help -> ConfigError
+    dev = DeviceInfo("cuda", 0, "Tiny GPU", "sm75", 32, 8, 1024, 16)
+    with pytest.raises(ConfigError, match="shared memory"):
+        resolve("rms_norm_fwd", dev, (20000, 1000), torch.bfloat16)
+
+
+def test_matching_device_resolves_without_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for key in DEVICES:
+            for kernel in SPECS:
+                resolve(kernel, device(key), (4096, 1000), torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- autotune cache lookup order
+
+PROBLEM = (4096, 1000)
+NAMED = {"n_cols": 4096, "n_rows": 1000}
+TUNED = {"num_warps": 2, "num_stages": 3, "BLOCK_M": 2, "BLOCK_N_MAX": 4096}
+TUNED_SHIPPED = {"num_warps": 16, "num_stages": 2, "BLOCK_M": 1, "BLOCK_N_MAX": 8192}
+
+
+def write_cache(folder: Path, dev: DeviceInfo, entries: dict, fmt: int = 1) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{dev.model_slug}.json"
+    path.write_text(json.dumps({"format": fmt, "device": dev.name, "entries": entries}))
+    return path
+
+
+def entry(cfg: dict) -> dict:
+    return {"config": cfg, "time_ms": 0.05, "default_ms": 0.06, "measured_at": "2026-12-02T12:00:00Z"}
+
+
+def key(kernel: str = "rms_norm_fwd", named: dict = NAMED, dtype=torch.bfloat16) -> str:
+    return _cache.entry_key(SPECS[kernel], named, dtype)
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    d = tmp_path / "my_cache"
+    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(d))
+    return d
+
+
+@pytest.fixture
+def shipped_dir(tmp_path, monkeypatch):
+    d = tmp_path / "shipped"
+    d.mkdir()
+    monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: d)
+    return d
+
+
+def table_answer(dev: DeviceInfo, kernel="rms_norm_fwd", problem=PROBLEM):
+    cfg, where = table_config(load_table(dev.backend), dev.arch, kernel, dict(zip(SPECS[kernel].key, problem)))
+    return cfg, where
+
+
+def test_user_cache_entry_wins(user_dir):
+    dev = device("cuda-sm90")
+    assert dev.model_slug == "NVIDIA_H200"
+    write_cache(user_dir, dev, {key(): entry(TUNED)})
+    _platform.reset()
+    r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("user cache")
+    assert "NVIDIA_H200.json" in r.source
+    assert r.config.to_dict() == TUNED
+    assert r.launch == {"BLOCK_M": 2, "num_warps": 2, "num_stages": 3}
+
+
+def test_cache_key_parts(user_dir):
+    dev = device("cuda-sm90")
+    write_cache(user_dir, dev, {key(): entry(TUNED)})
+    _platform.reset()
+    # same bucket: n_rows 600 and 1000 both round up to 1024
+    assert resolve("rms_norm_fwd", dev, (4096, 600), torch.bfloat16).source.startswith("user cache")
+    # other bucket, other dtype, other kernel: the table
+    assert resolve("rms_norm_fwd", dev, (4096, 2000), torch.bfloat16).source.startswith("table")
+    assert resolve("rms_norm_fwd", dev, (4097, 1000), torch.bfloat16).source.startswith("table")
+    assert resolve("rms_norm_fwd", dev, PROBLEM, torch.float32).source.startswith("table")
+    assert resolve("rms_norm_bwd", dev, PROBLEM, torch.bfloat16).source.startswith("table")
+    # another device model reads another file
+    a100 = DeviceInfo("cuda", 0, "NVIDIA A100-SXM4-80GB", "sm80", 32, 108, 1024, 166912)
+    assert resolve("rms_norm_fwd", a100, PROBLEM, torch.bfloat16).source.startswith("table")
+
+
+def test_key_has_kernel_version_triton_dtype_bucket():
+    k = key()
+    name, version, triton, dtype, bucket = k.split("|")
+    assert name == "rms_norm_fwd"
+    assert version == SPECS["rms_norm_fwd"].version and len(version) == 12
+    assert triton.startswith("triton")
+    assert dtype == "bfloat16"
+    assert bucket == "n_cols=4096,n_rows=1024"
+
+
+def test_shipped_cache_used_when_user_cache_misses(user_dir, shipped_dir):
+    dev = device("cuda-sm90")
+    write_cache(shipped_dir, dev, {key(): entry(TUNED_SHIPPED)})
+    _platform.reset()
+    r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("shipped cache")
+    assert r.config.to_dict() == TUNED_SHIPPED
+
+
+def test_user_cache_before_shipped_cache(user_dir, shipped_dir):
+    dev = device("cuda-sm90")
+    write_cache(shipped_dir, dev, {key(): entry(TUNED_SHIPPED)})
+    write_cache(user_dir, dev, {key(): entry(TUNED)})
+    _platform.reset()
+    r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("user cache")
+    assert r.config.to_dict() == TUNED
+
+
+def test_user_file_without_the_entry_falls_through_to_shipped(user_dir, shipped_dir):
+    dev = device("cuda-sm90")
+    write_cache(user_dir, dev, {key(dtype=torch.float16): entry(TUNED)})
+    write_cache(shipped_dir, dev, {key(): entry(TUNED_SHIPPED)})
+    _platform.reset()
+    assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("shipped cache")
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ({**TUNED, "num_warps": 64}, "num_warps"),  # 2048 threads on a warp-32 device
+        ({**TUNED, "waves_per_eu": 2}, "waves_per_eu"),  # an AMD option on NVIDIA
+        ({k: v for k, v in TUNED.items() if k != "BLOCK_M"}, "BLOCK_M"),
+        ({**TUNED, "BLOCK_M": 3}, "BLOCK_M"),
+    ],
+    ids=["too-many-warps", "foreign-option", "missing-param", "not-pow2"],
+)
+def test_illegal_cached_config_skipped_with_warning(user_dir, bad, why):
+    dev = device("cuda-sm90")
+    write_cache(user_dir, dev, {key(): entry(bad)})
+    _platform.reset()
+    with pytest.warns(RuntimeWarning, match="ignoring a cached config") as rec:
+        r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert any(why in str(w.message) for w in rec)
+    cfg, where = table_answer(dev)
+    assert r.source == where
+    assert r.config.to_dict() == cfg
+
+
+def test_illegal_user_entry_falls_through_to_shipped(user_dir, shipped_dir):
+    dev = device("cuda-sm90")
+    write_cache(user_dir, dev, {key(): entry({**TUNED, "num_warps": 64})})
+    write_cache(shipped_dir, dev, {key(): entry(TUNED_SHIPPED)})
+    _platform.reset()
+    with pytest.warns(RuntimeWarning, match="ignoring a cached config"):
+        r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("shipped cache")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b'{"format": 1, "device": "NVIDIA H200", "entr', b"", b"\xff\xfe\x00garbage\x80", b"not json at all"],
+    ids=["truncated", "empty", "binary", "text"],
+)
+def test_garbage_cache_file_warns_and_uses_table(user_dir, content):
+    dev = device("cuda-sm90")
+    user_dir.mkdir()
+    (user_dir / f"{dev.model_slug}.json").write_bytes(content)
+    _platform.reset()
+    with pytest.warns(RuntimeWarning, match="unreadable autotune cache"):
+        r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("table cuda.json")
+
+
+def test_cache_path_is_a_directory(user_dir):
+    dev = device("cuda-sm90")
+    (user_dir / f"{dev.model_slug}.json").mkdir(parents=True)
+    _platform.reset()
+    with pytest.warns(RuntimeWarning, match="unreadable autotune cache"):
+        r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("table cuda.json")
+
+
+@pytest.mark.parametrize("fmt", [2, 0, None])
+def test_other_format_version_skipped_with_warning(user_dir, fmt):
+    dev = device("cuda-sm90")
+    write_cache(user_dir, dev, {key(): entry(TUNED)}, fmt=fmt)
+    _platform.reset()
+    with pytest.warns(RuntimeWarning, match="not format 1"):
+        r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("table cuda.json")
+
+
+@pytest.mark.parametrize("doc", [[1, 2, 3], {"format": 1, "entries": []}, {"format": 1}])
+def test_wrong_shape_cache_file_skipped_with_warning(user_dir, doc):
+    dev = device("cuda-sm90")
+    user_dir.mkdir()
+    (user_dir / f"{dev.model_slug}.json").write_text(json.dumps(doc))
+    _platform.reset()
+    with pytest.warns(RuntimeWarning):
+        r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("table cuda.json")
+
+
+@pytest.mark.parametrize("hit", [None, 7, "x", {"time_ms": 1.0}, {"config": [2, 1]}])
+def test_malformed_entry_ignored(user_dir, hit):
+    dev = device("cuda-sm90")
+    write_cache(user_dir, dev, {key(): hit})
+    _platform.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("table cuda.json")
+
+
+def test_no_cache_directory_is_silent(user_dir):
+    assert not user_dir.exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = resolve("rms_norm_fwd", device("cuda-sm90"), PROBLEM, torch.bfloat16)
+    assert r.source.startswith("table cuda.json")
+
+
+def test_cache_read_is_memoized_until_reset(user_dir):
+    dev = device("cuda-sm90")
+    write_cache(user_dir, dev, {key(): entry(TUNED)})
+    _platform.reset()
+    assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("user cache")
+    # a new file content is not seen until reset() (memo and cache read are both cleared by it)
+    write_cache(user_dir, dev, {})
+    assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("user cache")
+    _platform.reset()
+    assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("table")
