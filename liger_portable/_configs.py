@@ -254,20 +254,29 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
             raise ConfigError(f"{sw}: section must be an object")
         limits = _check_limits(raw.get("limits"), sw)
         measured = _need(raw, "measured", str, sw)
-        match = tuple(raw.get("match", ()))
+        match = raw.get("match", [])
+        if not isinstance(match, list) or not all(isinstance(m, str) and m for m in match):
+            raise ConfigError(f"{sw}: field 'match' must be a list of arch patterns such as [\"sm9*\"]")
+        match = tuple(match)
         kernels: dict[str, KernelEntry] = {}
         for kname, kraw in _need(raw, "kernels", dict, sw).items():
             kw = f"{sw} kernel {kname!r}"
             spec = SPECS.get(kname)
             if spec is None:
                 raise ConfigError(f"{kw}: unknown kernel; known kernels: {', '.join(SPECS)}")
+            if not isinstance(kraw, dict):
+                raise ConfigError(f"{kw}: entry must be an object with 'rules' (and 'search', 'base')")
             base = kraw.get("base", {})
             _check_config(base, spec, backend, limits, f"{kw} base", partial=True)
             rules = []
             for i, rraw in enumerate(_need(kraw, "rules", list, kw)):
                 rw = f"{kw} rule {i}"
+                if not isinstance(rraw, dict):
+                    raise ConfigError(f"{rw}: rule must be an object with 'config' and 'why'")
                 _need(rraw, "why", str, rw)
                 upto = rraw.get("upto", {})
+                if not isinstance(upto, dict):
+                    raise ConfigError(f"{rw}: field 'upto' must be an object of problem-field bounds")
                 for field_name, bound in upto.items():
                     if field_name not in spec.key:
                         raise ConfigError(
@@ -287,6 +296,8 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
             search: dict[str, list] = {}
             if search_raw is not None:
                 sw2 = f"{kw} search"
+                if not isinstance(search_raw, dict):
+                    raise ConfigError(f"{sw2}: must be an object with 'space' and 'why'")
                 _need(search_raw, "why", str, sw2)
                 for name, values in _need(search_raw, "space", dict, sw2).items():
                     if not isinstance(values, list) or not values:
@@ -349,8 +360,8 @@ def search_space(table: Table, arch: str, kernel: str) -> dict[str, list]:
 
 
 def search_configs(table: Table, arch: str, kernel: str, limits: Limits) -> Iterator[dict[str, Any]]:
-    """Every point of the search space that is legal on ``limits`` (fields not searched take the
-    table default)."""
+    """Every point of the search space that is legal on ``limits``: dicts of the searched fields
+    only; the caller merges them over a full config (the table default) before launching."""
     spec = SPECS[kernel]
     space = search_space(table, arch, kernel)
     names = list(space)
@@ -427,8 +438,8 @@ def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: to
         fitted = _fit_to_device(cfg, limits)
         _check_config(fitted, spec, device.backend, limits, f"{where} kernel {kernel!r} (fitted)")
         _warn_once(
-            f"liger_portable: {e}. Device {device.name} ({device.arch}) has no section of its own in "
-            f"{table.path.name}; using num_warps={fitted['num_warps']} instead"
+            f"liger_portable: {e}. Device {device.name} ({device.arch}) has smaller limits than the "
+            f"{table.path.name} section used; using num_warps={fitted['num_warps']} instead"
         )
         cfg, where = fitted, where + " (fitted to device limits)"
     return _make(spec, cfg, where)

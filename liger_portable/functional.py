@@ -77,7 +77,5 @@ def rms_norm(
         or x.numel() == 0
     ):
         return fallback.rms_norm(x, weight, eps, float(offset), casting_mode)
-    y, _ = _rms_norm_ops.rms_norm_op(
-        _rows(x), weight.contiguous(), eps, float(offset), casting_mode == "gemma"
-    )
+    y = _rms_norm_ops.rms_norm(_rows(x), weight.contiguous(), eps, float(offset), casting_mode == "gemma")
     return y.view(x.shape)

@@ -191,12 +191,36 @@ def rms_norm_bwd(
         dy.stride(0), x.stride(0), dx.stride(0), n_rows, n_cols, offset,
         GEMMA=gemma, BLOCK_N=block_n, SINGLE_PASS=single, **cfg.launch,
     )
-    return dx, dw_partial.sum(0).to(weight.dtype)
+    dw = dw_partial.sum(0)
+    return dx, dw if weight.dtype == torch.float32 else dw.to(weight.dtype)
 
 
-# --------------------------------------------------------------------------- autograd op
-# A custom op is opaque to torch.compile: the launch code (config resolution, memo lookups) never
-# gets traced, so a compiled model has no graph break here.
+# --------------------------------------------------------------------------- autograd
+# Eager calls take a plain autograd.Function (the cheapest path on the host). Under torch.compile
+# the same launches run inside a custom op, which is opaque to the compiler: the launch code is
+# never traced, so a compiled model has no graph break here.
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, offset, gemma):
+        y, rstd = rms_norm_fwd(x, weight, eps, offset, gemma)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.offset, ctx.gemma = offset, gemma
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = rms_norm_bwd(dy, x, weight, rstd, ctx.offset, ctx.gemma)
+        return dx, dw, None, None, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool) -> torch.Tensor:
+    """Differentiable RMSNorm of a 2-D ``x`` with a contiguous last dimension."""
+    if torch.compiler.is_compiling():
+        return rms_norm_op(x, weight, eps, offset, gemma)[0]
+    return _RMSNormFunction.apply(x, weight, eps, offset, gemma)
 
 
 @torch.library.custom_op("liger_portable::rms_norm", mutates_args=())
