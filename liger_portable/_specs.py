@@ -103,28 +103,62 @@ def _row_reduce_smem(params: dict, num_warps: int, esize: int) -> int:
     return 4 * num_warps * params["BLOCK_M"]
 
 
+_PROGRAMS_PER_CU = Param(1, 16, pow2=False, doc="persistent programs per compute unit", host=True)
+
+
+def _row_norm_specs(family: str, source: str) -> tuple[KernelSpec, KernelSpec]:
+    """Forward and backward specs of a row-normalisation kernel (RMSNorm, LayerNorm, ...)."""
+    fwd = KernelSpec(
+        name=f"{family}_fwd",
+        key=("n_cols", "n_rows"),
+        bucket=_rows_cols_bucket,
+        params={"BLOCK_M": _BLOCK_M, "BLOCK_N_MAX": _BLOCK_N_MAX},
+        source=source,
+        smem_bytes=_row_reduce_smem,
+    )
+    bwd = KernelSpec(
+        name=f"{family}_bwd",
+        key=("n_cols", "n_rows"),
+        bucket=_rows_cols_bucket,
+        params={"BLOCK_M": _BLOCK_M, "BLOCK_N_MAX": _BLOCK_N_MAX, "PROGRAMS_PER_CU": _PROGRAMS_PER_CU},
+        source=source,
+        smem_bytes=_row_reduce_smem,
+    )
+    return fwd, bwd
+
+
+def _elementwise_spec(name: str, source: str) -> KernelSpec:
+    """A 2-D tiled elementwise kernel over (rows, columns) (SwiGLU, GeGLU)."""
+    return KernelSpec(
+        name=name,
+        key=("n_cols", "n_rows"),
+        bucket=_rows_cols_bucket,
+        params={"BLOCK_M": _BLOCK_M, "BLOCK_N": Param(16, 16384, doc="columns per program tile")},
+        source=source,
+    )
+
+
+def _rope_bucket(k: dict) -> tuple:
+    return (("head_dim", k["head_dim"]), ("n_heads", k["n_heads"]), ("seq_len", next_pow2(k["seq_len"])))
+
+
 SPECS: dict[str, KernelSpec] = {
     s.name: s
     for s in (
+        *_row_norm_specs("rms_norm", "ops/rms_norm.py"),
+        *_row_norm_specs("fused_add_rms_norm", "ops/rms_norm.py"),
+        *_row_norm_specs("layer_norm", "ops/layer_norm.py"),
+        _elementwise_spec("swiglu_fwd", "ops/glu.py"),
+        _elementwise_spec("swiglu_bwd", "ops/glu.py"),
+        _elementwise_spec("geglu_fwd", "ops/glu.py"),
+        _elementwise_spec("geglu_bwd", "ops/glu.py"),
         KernelSpec(
-            name="rms_norm_fwd",
-            key=("n_cols", "n_rows"),
-            bucket=_rows_cols_bucket,
-            params={"BLOCK_M": _BLOCK_M, "BLOCK_N_MAX": _BLOCK_N_MAX},
-            source="ops/rms_norm.py",
-            smem_bytes=_row_reduce_smem,
-        ),
-        KernelSpec(
-            name="rms_norm_bwd",
-            key=("n_cols", "n_rows"),
-            bucket=_rows_cols_bucket,
-            params={
-                "BLOCK_M": _BLOCK_M,
-                "BLOCK_N_MAX": _BLOCK_N_MAX,
-                "PROGRAMS_PER_CU": Param(1, 16, pow2=False, doc="persistent programs per compute unit", host=True),
-            },
-            source="ops/rms_norm.py",
-            smem_bytes=_row_reduce_smem,
+            # One kernel for forward and backward (the backward rotates by -theta).
+            name="rope",
+            key=("head_dim", "n_heads", "seq_len"),
+            bucket=_rope_bucket,
+            params={"BLOCK_S": Param(1, 256, doc="sequence positions per program")},
+            source="ops/rope.py",
         ),
     )
 }

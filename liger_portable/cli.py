@@ -21,6 +21,7 @@ from ._specs import SPECS
 # (label, kernel spec names, problem key values in spec order).
 _INFO_PROBLEMS = {
     "rms_norm": [("hidden 4096, 16384 rows", ("rms_norm_fwd", "rms_norm_bwd"), (4096, 16384))],
+    # @info-problems
 }
 
 
@@ -61,9 +62,13 @@ def _check_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode
     return CheckResult(f"rms_norm[{mode}]", dtype, shape, ok, detail)
 
 
+# @checks (each kernel family adds its _check_* function above this line)
+
+
 _CHECKS: list[tuple[Callable, tuple, tuple]] = [
     (_check_rms_norm, (7, 4096), ("llama", "gemma")),
     (_check_rms_norm, (3, 70001), ("llama",)),
+    # @check-entries
 ]
 
 

@@ -18,10 +18,15 @@ from ._dispatch import same_device, use_kernels
 # Triton has Linux wheels only; without it every call takes the fallback.
 if importlib.util.find_spec("triton") is not None:
     from .ops import rms_norm as _rms_norm_ops
+    # @ops-imports (one line per kernel family, e.g. `from .ops import glu as _glu_ops`)
 else:  # pragma: no cover - exercised only on machines without Triton
     _rms_norm_ops = None
+    # @ops-none (the same names set to None)
 
-__all__ = ["rms_norm"]
+__all__ = [
+    "rms_norm",
+    # @all
+]
 
 CASTING_MODES = ("llama", "gemma")
 
@@ -79,3 +84,15 @@ def rms_norm(
         return fallback.rms_norm(x, weight, eps, float(offset), casting_mode)
     y = _rms_norm_ops.rms_norm(_rows(x), weight.contiguous(), eps, float(offset), casting_mode == "gemma")
     return y.view(x.shape)
+
+
+# @layer_norm
+
+
+# @fused_add_rms_norm
+
+
+# @glu
+
+
+# @rope

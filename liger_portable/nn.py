@@ -7,7 +7,10 @@ from torch import nn
 
 from . import functional as F
 
-__all__ = ["RMSNorm"]
+__all__ = [
+    "RMSNorm",
+    # @all
+]
 
 
 class RMSNorm(nn.Module):
@@ -49,3 +52,9 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, casting_mode={self.casting_mode!r}"
+
+
+# @layer_norm
+
+
+# @glu

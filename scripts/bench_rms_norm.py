@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from benchlib import copy_bandwidth_gbs, environment, markdown_table, median_ms, peak_extra_mib, write_results
+from benchlib import copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, write_results
 
 import liger_portable
 from liger_portable import functional as F
@@ -83,24 +83,6 @@ def bench_compare(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float
             f"grad diff {err:.1e}"
         )
     return results
-
-
-def graph_ms(step) -> float:
-    """Median of CUDA-graph replays of ``step``: the GPU time without host launch overhead."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(g):
-            step()
-    except Exception as e:  # noqa: BLE001 - a peer that cannot be captured
-        print(f"    (graph capture failed: {type(e).__name__}: {e})")
-        return float("nan")
-    return median_ms(g.replay)
 
 
 def sweep(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float, kernels: list[str]) -> dict:

@@ -22,6 +22,24 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 3
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def graph_ms(step) -> float:
+    """Median of CUDA-graph replays of ``step``: the GPU time without host launch overhead."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            step()
+    except Exception as e:  # noqa: BLE001 - a peer that cannot be captured
+        print(f"    (graph capture failed: {type(e).__name__}: {e})")
+        return float("nan")
+    return median_ms(g.replay)
+
+
 def peak_extra_mib(fn: Callable[[], object]) -> float:
     """Peak device memory allocated while ``fn`` runs, above what was allocated before, in MiB."""
     torch.cuda.synchronize()

@@ -58,13 +58,22 @@ def simulated_device(request):
 
 @pytest.fixture
 def poison(monkeypatch):
-    """Outputs the kernels allocate start as NaN, so any element a kernel fails to write shows."""
-    from liger_portable.ops import rms_norm as ops_rms_norm
+    """Outputs the kernels allocate start as NaN, so any element a kernel fails to write shows.
+
+    Every module of ``liger_portable.ops`` allocates its outputs through a module-level ``_empty``
+    (``torch.empty`` in normal use); this swaps it for a NaN-filled allocation."""
+    import importlib
+    import pkgutil
+
+    import liger_portable.ops
 
     def nan_empty(*shape, dtype=None, device=None):
         return torch.full(*shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(ops_rms_norm, "_empty", nan_empty)
+    for info in pkgutil.iter_modules(liger_portable.ops.__path__):
+        module = importlib.import_module(f"liger_portable.ops.{info.name}")
+        if hasattr(module, "_empty"):
+            monkeypatch.setattr(module, "_empty", nan_empty)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -3,4 +3,9 @@ tests' oracle (run in float64 it is the reference every kernel is checked agains
 
 from .rms_norm import rms_norm
 
-__all__ = ["rms_norm"]
+# @imports
+
+__all__ = [
+    "rms_norm",
+    # @all
+]
