@@ -37,6 +37,12 @@ from liger_portable._specs import SPECS
 GPU_BACKENDS = ("cuda", "rocm", "xpu")
 
 
+def _problem(spec, first: int) -> dict:
+    """A problem for ``spec``: its first key field (the one rules bound most) set to ``first``,
+    the others to 1000, in the spec's key order."""
+    return {k: (first if i == 0 else 1000) for i, k in enumerate(spec.key)}
+
+
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch, tmp_path):
     """Empty, private autotune caches and a freshly detected platform in every test."""
@@ -135,9 +141,7 @@ def test_every_search_point_is_legal(backend):
             # The table lists no value that is illegal on its own section (nothing silently dropped).
             assert len(points) == math.prod(len(v) for v in space.values()), where
             # Every point, completed by the rule configs it would replace, is a full legal config.
-            rule_cfgs = [
-                table_config(t, sname, kernel, {"n_cols": n, "n_rows": 1000})[0] for n in (37, 1024, 4096, 70000)
-            ]
+            rule_cfgs = [table_config(t, sname, kernel, _problem(spec, n))[0] for n in (37, 1024, 4096, 70000)]
             for point in points:
                 _check_config(point, spec, backend, lim, where, partial=True)
                 for base in rule_cfgs:
@@ -403,9 +407,9 @@ SECTION_CHAINS = {
 @pytest.mark.parametrize("n_cols", [1, 255, 256, 257, 1024, 1025, 4096, 4097, 20000, 70000])
 def test_rule_selection_matches_table(dev_key, kernel, n_cols):
     dev = device(dev_key)
-    problem = {"n_cols": n_cols, "n_rows": 1000}
+    problem = _problem(SPECS[kernel], n_cols)
     cfg, sname, i = expected_from_json(dev.backend, SECTION_CHAINS[dev_key], kernel, problem)
-    r = resolve(kernel, dev, (n_cols, 1000), torch.bfloat16)
+    r = resolve(kernel, dev, tuple(problem.values()), torch.bfloat16)
     assert r.config.to_dict() == cfg
     assert r.source == f"table {dev.backend}.json [{sname}] rule {i}"
 
