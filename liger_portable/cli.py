@@ -21,6 +21,10 @@ from ._specs import SPECS
 # (label, kernel spec names, problem key values in spec order).
 _INFO_PROBLEMS = {
     "rms_norm": [("hidden 4096, 16384 rows", ("rms_norm_fwd", "rms_norm_bwd"), (4096, 16384))],
+    "layer_norm": [("hidden 4096, 16384 rows", ("layer_norm_fwd", "layer_norm_bwd"), (4096, 16384))],
+    "rope": [("q 32 + k 8 heads, seq 4096, head_dim 128", ("rope",), (128, 40, 4096))],
+    "glu": [("intermediate 14336, 16384 rows", ("swiglu_fwd", "swiglu_bwd", "geglu_fwd", "geglu_bwd"), (14336, 16384))],
+    "fused_add_rms_norm": [("hidden 4096, 16384 rows", ("fused_add_rms_norm_fwd", "fused_add_rms_norm_bwd"), (4096, 16384))],
     # @info-problems
 }
 
@@ -62,12 +66,112 @@ def _check_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode
     return CheckResult(f"rms_norm[{mode}]", dtype, shape, ok, detail)
 
 
+def _check_layer_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=gen) * 2 + 0.3).to(dtype)
+    w = (torch.rand(shape[-1], generator=gen) + 0.5).to(dtype)
+    b = torch.randn(shape[-1], generator=gen).to(dtype) if mode == "bias" else None
+    dy = torch.randn(shape, generator=gen).to(dtype)
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    bd = None if b is None else b.double().requires_grad_()
+    ref = fallback.layer_norm(xd, wd, bd, 1e-5)
+    ref.backward(dy.double())
+    xg, wg = x.to(device).requires_grad_(), w.to(device).requires_grad_()
+    bg = None if b is None else b.to(device).requires_grad_()
+    out = F.layer_norm(xg, wg, bg, 1e-5)
+    out.backward(dy.to(device))
+    errs = {"y": _rel(out, ref), "dx": _rel(xg.grad, xd.grad), "dw": _rel(wg.grad, wd.grad)}
+    if b is not None:
+        errs["db"] = _rel(bg.grad, bd.grad)
+    ok = all(e <= _TOL[dtype] for e in errs.values())
+    detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
+    return CheckResult(f"layer_norm[{mode}]", dtype, shape, ok, detail)
+
+
+def _check_rope(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+    # shape (batch, q heads, k heads, seq, head_dim); mode "hf": Hugging Face's transposed view with
+    # unsqueeze_dim=1, "bshd": (batch, seq, heads, head_dim) with unsqueeze_dim=2.
+    b, hq, hk, s, d = shape
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, s, hq, d, generator=gen).to(dtype)
+    k = torch.randn(b, s, hk, d, generator=gen).to(dtype)
+    cos = torch.randn(b, s, d, generator=gen).to(dtype)
+    sin = torch.randn(b, s, d, generator=gen).to(dtype)
+    dq, dk = torch.randn(q.shape, generator=gen).to(dtype), torch.randn(k.shape, generator=gen).to(dtype)
+    dim = 1 if mode == "hf" else 2
+
+    def view(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(1, 2) if mode == "hf" else t
+
+    qd, kd = q.double().requires_grad_(), k.double().requires_grad_()
+    rq, rk = fallback.rope(view(qd), view(kd), cos.double(), sin.double(), None, dim)
+    torch.autograd.backward([rq, rk], [view(dq.double()), view(dk.double())])
+    qg, kg = q.to(device).requires_grad_(), k.to(device).requires_grad_()
+    oq, ok_ = F.rope(view(qg), view(kg), cos.to(device), sin.to(device), unsqueeze_dim=dim)
+    torch.autograd.backward([oq, ok_], [view(dq.to(device)), view(dk.to(device))])
+    errs = {"q": _rel(oq, rq), "k": _rel(ok_, rk), "dq": _rel(qg.grad, qd.grad), "dk": _rel(kg.grad, kd.grad)}
+    ok = all(e <= _TOL[dtype] for e in errs.values())
+    detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
+    return CheckResult(f"rope[{mode}]", dtype, shape, ok, detail)
+
+
+def _check_glu(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+    # mode "swiglu" or "geglu"; both backward modes: out of place (a, b kept), then in place (as the MLPs).
+    gen = torch.Generator().manual_seed(0)
+    a = (torch.randn(shape, generator=gen) * 2).to(dtype)
+    b = torch.randn(shape, generator=gen).to(dtype)
+    dc = torch.randn(shape, generator=gen).to(dtype)
+    ad, bd = a.double().requires_grad_(), b.double().requires_grad_()
+    ref = getattr(fallback, mode)(ad, bd)
+    ref.backward(dc.double())
+    errs = {}
+    for inplace in (False, True):
+        ag, bg = a.to(device, copy=True).requires_grad_(), b.to(device, copy=True).requires_grad_()
+        out = getattr(F, mode)(ag, bg, inplace_backward=inplace)
+        out.backward(dc.to(device))
+        tag = "(in place)" if inplace else ""
+        errs |= {f"c{tag}": _rel(out, ref), f"da{tag}": _rel(ag.grad, ad.grad), f"db{tag}": _rel(bg.grad, bd.grad)}
+        if not inplace and not (torch.equal(ag.detach().cpu(), a) and torch.equal(bg.detach().cpu(), b)):
+            errs["a,b kept"] = float("inf")
+    ok = all(e <= _TOL[dtype] for e in errs.values())
+    detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
+    return CheckResult(mode, dtype, shape, ok, detail)
+
+
+def _check_fused_add_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+    # Gradients reach both outputs (the normed one and the sum), as in a decoder layer.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen).to(dtype)
+    r = (torch.randn(shape, generator=gen) * 2).to(dtype)
+    w = (torch.rand(shape[-1], generator=gen) + 0.5).to(dtype)
+    dy = torch.randn(shape, generator=gen).to(dtype)
+    ds = torch.randn(shape, generator=gen).to(dtype)
+    offset = 1.0 if mode == "gemma" else 0.0
+    xd, rd, wd = x.double().requires_grad_(), r.double().requires_grad_(), w.double().requires_grad_()
+    ref_y, ref_s = fallback.fused_add_rms_norm(xd, rd, wd, 1e-6, offset, mode)
+    torch.autograd.backward([ref_y, ref_s], [dy.double(), ds.double()])
+    xg, rg, wg = (t.to(device).requires_grad_() for t in (x, r, w))
+    y, s = F.fused_add_rms_norm(xg, rg, wg, 1e-6, offset=offset, casting_mode=mode)
+    torch.autograd.backward([y, s], [dy.to(device), ds.to(device)])
+    errs = {
+        "y": _rel(y, ref_y), "s": _rel(s, ref_s),
+        "dx": _rel(xg.grad, xd.grad), "dr": _rel(rg.grad, rd.grad), "dw": _rel(wg.grad, wd.grad),
+    }
+    ok = all(e <= _TOL[dtype] for e in errs.values())
+    detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
+    return CheckResult(f"fused_add_rms_norm[{mode}]", dtype, shape, ok, detail)
+
+
 # @checks (each kernel family adds its _check_* function above this line)
 
 
 _CHECKS: list[tuple[Callable, tuple, tuple]] = [
     (_check_rms_norm, (7, 4096), ("llama", "gemma")),
     (_check_rms_norm, (3, 70001), ("llama",)),
+    (_check_layer_norm, (7, 4096), ("bias", "no_bias")), (_check_layer_norm, (3, 70001), ("bias",)),
+    (_check_rope, (2, 8, 2, 300, 128), ("hf", "bshd")), (_check_rope, (1, 5, 1, 77, 80), ("hf",)),
+    (_check_glu, (5, 14336), ("swiglu", "geglu")), (_check_glu, (3, 1001), ("swiglu", "geglu")),
+    (_check_fused_add_rms_norm, (7, 4096), ("llama", "gemma")), (_check_fused_add_rms_norm, (3, 70001), ("llama",)),
     # @check-entries
 ]
 

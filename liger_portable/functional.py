@@ -18,13 +18,24 @@ from ._dispatch import same_device, use_kernels
 # Triton has Linux wheels only; without it every call takes the fallback.
 if importlib.util.find_spec("triton") is not None:
     from .ops import rms_norm as _rms_norm_ops
+    from .ops import layer_norm as _layer_norm_ops
+    from .ops import rope as _rope_ops
+    from .ops import glu as _glu_ops
     # @ops-imports (one line per kernel family, e.g. `from .ops import glu as _glu_ops`)
 else:  # pragma: no cover - exercised only on machines without Triton
     _rms_norm_ops = None
+    _layer_norm_ops = None
+    _rope_ops = None
+    _glu_ops = None
     # @ops-none (the same names set to None)
 
 __all__ = [
     "rms_norm",
+    "layer_norm",
+    "rope",
+    "swiglu",
+    "geglu",
+    "fused_add_rms_norm",
     # @all
 ]
 
@@ -86,13 +97,265 @@ def rms_norm(
     return y.view(x.shape)
 
 
-# @layer_norm
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """Layer normalisation over the last dimension, with a weight and an optional bias.
+
+    ``y = (x - mean(x, -1)) / sqrt(var(x, -1) + eps) * weight + bias`` (biased variance), the
+    same as ``torch.nn.functional.layer_norm(x, (hidden,), weight, bias, eps)``.
+
+    Args:
+        x: input of shape ``(..., hidden)``; float32, bfloat16 or float16 (float64 runs the
+            fallback on any device). Any strides.
+        weight: shape ``(hidden,)``, floating point, on the device of ``x``. Required (for no
+            affine transform use ``torch.nn.functional.layer_norm``).
+        bias: None, or shape ``(hidden,)``, floating point, on the device of ``x``.
+        eps: added to the variance before the square root.
+
+    Returns:
+        A tensor of the shape and dtype of ``x``.
+    """
+    check_float("x", x)
+    if weight is None:
+        raise TypeError(
+            "weight is required (shape (hidden,)); for a layer norm without affine parameters use "
+            "torch.nn.functional.layer_norm(x, (hidden,), None, None, eps)"
+        )
+    check_float("weight", weight)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (the one normalised), got a scalar")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"weight must have shape ({x.shape[-1]},) to match the last dimension of x "
+            f"{tuple(x.shape)}, got {tuple(weight.shape)}"
+        )
+    if bias is not None:
+        check_float("bias", bias)
+        if bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
+            raise ValueError(
+                f"bias must have shape ({x.shape[-1]},) to match the last dimension of x "
+                f"{tuple(x.shape)}, got {tuple(bias.shape)}; or pass bias=None"
+            )
+        device = same_device(x=x, weight=weight, bias=bias)
+    else:
+        device = same_device(x=x, weight=weight)
+    eps = check_nonneg_number("eps", eps)
+    if (
+        _layer_norm_ops is None
+        or not use_kernels(device)
+        or x.dtype not in KERNEL_DTYPES
+        or x.numel() == 0
+    ):
+        return fallback.layer_norm(x, weight, bias, eps)
+    y = _layer_norm_ops.layer_norm(
+        _rows(x), weight.contiguous(), None if bias is None else bias.contiguous(), eps
+    )
+    return y.view(x.shape)
 
 
-# @fused_add_rms_norm
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting_mode: str = "llama",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual`` and its RMSNorm in one pass: the pre-norm residual step of a decoder layer
+    (Hugging Face: ``residual = residual + hidden; hidden = norm(residual)``).
+
+    The sum is added in fp32 and rounded to ``x.dtype``, and the normalisation reads that rounded
+    sum, so the result is that of ``s = x + residual; rms_norm(s, weight, eps, ...)``.
+
+    Args:
+        x, residual: inputs of one shape ``(..., hidden)`` and one floating dtype (float32,
+            bfloat16 or float16 run the kernels; float64 runs the fallback on any device). Any strides.
+        weight, eps, offset, casting_mode: as in :func:`rms_norm`.
+
+    Returns:
+        ``(normed, s)``, both of the shape and dtype of ``x``. Gradients may reach both; ``x`` and
+        ``residual`` receive the same gradient.
+    """
+    check_float("x", x)
+    check_float("residual", residual)
+    check_float("weight", weight)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (the one normalised), got a scalar")
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}; "
+            "expand or reshape it first"
+        )
+    if residual.dtype != x.dtype:
+        raise TypeError(
+            f"residual must have the dtype of x ({x.dtype}), got {residual.dtype}; "
+            "convert it, e.g. residual.to(x.dtype)"
+        )
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"weight must have shape ({x.shape[-1]},) to match the last dimension of x "
+            f"{tuple(x.shape)}, got {tuple(weight.shape)}"
+        )
+    check_choice("casting_mode", casting_mode, CASTING_MODES)
+    eps = check_nonneg_number("eps", eps)
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+        raise ValueError(f"offset must be a number, got {offset!r}")
+    device = same_device(x=x, residual=residual, weight=weight)
+    if (
+        _rms_norm_ops is None
+        or not use_kernels(device)
+        or x.dtype not in KERNEL_DTYPES
+        or x.numel() == 0
+    ):
+        return fallback.fused_add_rms_norm(x, residual, weight, eps, float(offset), casting_mode)
+    y, s = _rms_norm_ops.fused_add_rms_norm(
+        _rows(x), _rows(residual), weight.contiguous(), eps, float(offset), casting_mode == "gemma"
+    )
+    return y.view(x.shape), s.view(x.shape)
 
 
-# @glu
+def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> torch.Tensor:
+    check_float("a", a)
+    check_float("b", b)
+    if b.shape != a.shape:
+        raise ValueError(
+            f"b must have the shape of a {tuple(a.shape)} (the product is elementwise, without "
+            f"broadcasting), got {tuple(b.shape)}"
+        )
+    if b.dtype != a.dtype:
+        raise TypeError(f"b has dtype {b.dtype} but a has {a.dtype}; cast one of them, e.g. b.to(a.dtype)")
+    if not isinstance(inplace_backward, bool):
+        raise TypeError(f"inplace_backward must be True or False, got {inplace_backward!r}")
+    device = same_device(a=a, b=b)
+    if (
+        _glu_ops is None
+        or not use_kernels(device)
+        or a.dtype not in KERNEL_DTYPES
+        or a.dim() == 0
+        or a.numel() == 0
+    ):
+        return (fallback.swiglu if act == "silu" else fallback.geglu)(a, b)
+    return _glu_ops.glu(_rows(a), _rows(b), act, inplace_backward).view(a.shape)
 
 
-# @rope
+def swiglu(a: torch.Tensor, b: torch.Tensor, *, inplace_backward: bool = False) -> torch.Tensor:
+    """SwiGLU activation product: ``silu(a) * b`` with ``silu(a) = a * sigmoid(a)``.
+
+    In an MLP, ``a = gate_proj(x)`` and ``b = up_proj(x)`` (Hugging Face's LlamaMLP computes
+    ``act_fn(gate_proj(x)) * up_proj(x)``; this is that product fused, with the same rounding of
+    the intermediates in the input dtype). The backward recomputes ``silu(a)`` instead of storing it.
+
+    Args:
+        a: gate input, shape ``(..., n)``; float32, bfloat16 or float16 (float64 runs the
+            fallback on any device). Any strides; a last-dim-contiguous view is not copied.
+        b: up input, the shape, dtype and device of ``a``.
+        inplace_backward: if True, the backward writes the gradients into the storage of ``a`` and
+            ``b`` (``a`` becomes ``da``, ``b`` becomes ``db``) instead of allocating them: two
+            fewer tensors of this size at the peak. Only for a caller that owns ``a`` and ``b``:
+            they must not be used after the backward, and only one backward is allowed (no
+            ``retain_graph``). Ignored where it cannot apply: on the CPU fallback, under
+            torch.compile, and when ``a`` and ``b`` overlap in memory.
+
+    Returns:
+        A tensor of the shape and dtype of ``a``.
+    """
+    return _glu("silu", a, b, inplace_backward)
+
+
+def geglu(a: torch.Tensor, b: torch.Tensor, *, inplace_backward: bool = False) -> torch.Tensor:
+    """GeGLU activation product with the tanh-approximate GELU: ``gelu_tanh(a) * b`` with
+    ``gelu_tanh(a) = 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))``, which is Hugging Face's
+    ``gelu_pytorch_tanh`` (GemmaMLP) and ``torch.nn.functional.gelu(a, approximate="tanh")``.
+
+    Arguments and return value as :func:`swiglu`, including ``inplace_backward`` (when True,
+    ``a`` and ``b`` are overwritten by their gradients during the backward and must not be used
+    afterwards).
+    """
+    return _glu("gelu_tanh", a, b, inplace_backward)
+
+
+def rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding, Hugging Face's ``apply_rotary_pos_emb`` (rotate-half convention).
+
+    ``q_embed = q * cos + rotate_half(q) * sin`` (and the same for k), where
+    ``rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2])`` and cos/sin are unsqueezed at
+    ``unsqueeze_dim`` to broadcast over the heads.
+
+    Args:
+        q: queries, ``(batch, heads, seq, head_dim)`` for ``unsqueeze_dim=1`` or
+            ``(batch, seq, heads, head_dim)`` for ``unsqueeze_dim=2``; float32, bfloat16 or float16
+            (float64 runs the fallback). Any strides: Hugging Face's
+            ``view(B, S, H, D).transpose(1, 2)`` is read through its strides without a copy (only a
+            last dimension with a stride other than 1 is copied). head_dim must be even.
+        k: keys, laid out like q with the same batch, seq and head_dim; it may have fewer heads
+            (grouped-query attention).
+        cos, sin: ``(1 or batch, seq_cos, head_dim)`` with ``seq_cos >= seq``; only the first
+            ``seq`` positions are used (Hugging Face needs ``seq_cos == seq``). They get no gradient.
+        position_ids: accepted for compatibility with Hugging Face's signature and ignored, as
+            there (cos/sin already hold the positions).
+        unsqueeze_dim: 1 or 2, the heads dimension of q and k.
+
+    Returns:
+        ``(q_embed, k_embed)``: new tensors of the shapes and dtypes of q and k (the inputs are not
+        modified), laid out in the memory order of q and k (same strides when q and k are dense,
+        as eager PyTorch gives). Computed in fp32 and rounded once; Hugging Face's bf16/fp16 eager
+        code rounds after each product, so results differ from it by about one rounding step.
+        Each output has its input's dtype even when cos/sin are wider (Hugging Face would promote).
+    """
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        check_float(name, t)
+    check_choice("unsqueeze_dim", unsqueeze_dim, (1, 2))
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            layout = "(batch, heads, seq, head_dim)" if unsqueeze_dim == 1 else "(batch, seq, heads, head_dim)"
+            raise ValueError(f"{name} must be 4-D {layout} for unsqueeze_dim={unsqueeze_dim}, got shape {tuple(t.shape)}")
+    head_dim = q.shape[-1]
+    if head_dim % 2:
+        raise ValueError(f"q must have an even head_dim (its last dimension), got {head_dim}")
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"k must have the head_dim of q ({head_dim}), got {k.shape[-1]} (shape {tuple(k.shape)})")
+    seq_dim = 2 if unsqueeze_dim == 1 else 1
+    batch, seq = q.shape[0], q.shape[seq_dim]
+    if k.shape[0] != batch:
+        raise ValueError(f"k must have the batch size of q ({batch}), got {k.shape[0]} (shape {tuple(k.shape)})")
+    if k.shape[seq_dim] != seq:
+        raise ValueError(
+            f"k must have the sequence length of q ({seq}, dimension {seq_dim} for unsqueeze_dim={unsqueeze_dim}), "
+            f"got {k.shape[seq_dim]} (shape {tuple(k.shape)})"
+        )
+    if cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[2] != head_dim:
+        raise ValueError(
+            f"cos must have shape (1 or {batch}, >= {seq}, {head_dim}) (batch, seq, head_dim), got {tuple(cos.shape)}"
+        )
+    if cos.shape[1] < seq:
+        raise ValueError(f"cos must cover at least the {seq} positions of q, got {cos.shape[1]} (shape {tuple(cos.shape)})")
+    if sin.shape != cos.shape:
+        raise ValueError(f"sin must have the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
+    device = same_device(q=q, k=k, cos=cos, sin=sin)
+    if (
+        _rope_ops is None
+        or not use_kernels(device)
+        or q.dtype not in KERNEL_DTYPES
+        or k.dtype not in KERNEL_DTYPES
+        or q.numel() == 0
+        or k.numel() == 0
+    ):
+        return fallback.rope(q, k, cos, sin, position_ids, unsqueeze_dim)
+    if cos.shape[1] != seq:
+        cos, sin = cos[:, :seq], sin[:, :seq]
+    if unsqueeze_dim == 1:
+        return _rope_ops.rope(q, k, cos, sin)
+    q_embed, k_embed = _rope_ops.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    return q_embed.transpose(1, 2), k_embed.transpose(1, 2)

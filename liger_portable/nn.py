@@ -9,6 +9,9 @@ from . import functional as F
 
 __all__ = [
     "RMSNorm",
+    "LayerNorm",
+    "SwiGLUMLP",
+    "GEGLUMLP",
     # @all
 ]
 
@@ -54,7 +57,100 @@ class RMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, casting_mode={self.casting_mode!r}"
 
 
-# @layer_norm
+class LayerNorm(nn.LayerNorm):
+    """Drop-in for ``torch.nn.LayerNorm`` over the last dimension: a subclass with the same
+    arguments, attributes (``normalized_shape``, ``eps``, ``elementwise_affine``, ``weight``,
+    ``bias``), initialisation and ``state_dict``, so ``isinstance(m, torch.nn.LayerNorm)`` holds.
+
+    Args:
+        normalized_shape: the hidden size, an int or a 1-tuple (one normalised dimension only).
+        eps: added to the variance.
+        elementwise_affine: learnable ``weight`` (and ``bias``); without them the module runs
+            ``torch.nn.functional.layer_norm``.
+        bias: learnable bias (when ``elementwise_affine``).
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        shape = (normalized_shape,) if hasattr(normalized_shape, "__index__") else normalized_shape
+        if (
+            not isinstance(shape, (tuple, list, torch.Size))
+            or len(shape) != 1
+            or isinstance(shape[0], bool)
+            or not hasattr(shape[0], "__index__")
+        ):
+            raise ValueError(
+                f"normalized_shape must be an int or a 1-tuple (the last dimension only), got "
+                f"{normalized_shape!r}; to normalise over several trailing dimensions use torch.nn.LayerNorm"
+            )
+        super().__init__((shape[0].__index__(),), eps, elementwise_affine, bias, device=device, dtype=dtype)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            return nn.functional.layer_norm(input, self.normalized_shape, None, None, self.eps)
+        return F.layer_norm(input, self.weight, self.bias, self.eps)
 
 
-# @glu
+class _GatedMLP(nn.Module):
+    """``down_proj(act(gate_proj(x)) * up_proj(x))`` with the activation product fused."""
+
+    _ACTS: tuple[str, ...] = ()
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+        if act is not None and act not in self._ACTS:
+            raise ValueError(
+                f"config.hidden_act is {act!r} but {type(self).__name__} computes "
+                f"{' / '.join(map(repr, self._ACTS))}; use the module of that activation"
+            )
+        self.config = config
+        self.hidden_size = config.hidden_size
+        self.intermediate_size = config.intermediate_size
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(self.hidden_size, self.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(self.intermediate_size, self.hidden_size, bias=bias)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}"
+
+
+class SwiGLUMLP(_GatedMLP):
+    """Drop-in for Hugging Face's ``LlamaMLP``: ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
+
+    Same attributes (``gate_proj``, ``up_proj``, ``down_proj`` as ``nn.Linear`` with
+    ``bias=config.mlp_bias`` (default False), ``hidden_size``, ``intermediate_size``) and the same
+    ``state_dict`` keys. ``config`` is any object with ``hidden_size`` and ``intermediate_size``
+    (a transformers config works; ``hidden_act``, if present, must be ``"silu"``).
+
+    The gate and up activations are private to the module, so the backward writes their gradients
+    into their storage (``inplace_backward=True``): no memory beyond the product itself.
+    """
+
+    _ACTS = ("silu", "swish")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.swiglu(self.gate_proj(x), self.up_proj(x), inplace_backward=True))
+
+
+class GEGLUMLP(_GatedMLP):
+    """Drop-in for Hugging Face's ``GemmaMLP``: ``down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))``
+    with the tanh-approximate GELU (``gelu_pytorch_tanh``).
+
+    Attributes, ``state_dict`` and the in-place backward as :class:`SwiGLUMLP`. ``config``'s
+    ``hidden_activation`` (else ``hidden_act``), if present, must name the tanh approximation
+    (``"gelu_pytorch_tanh"``, ``"gelu_tanh"``, ``"gelu_new"`` or ``"gelu_fast"``, which are one formula).
+    """
+
+    _ACTS = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.geglu(self.gate_proj(x), self.up_proj(x), inplace_backward=True))

@@ -3,9 +3,18 @@ tests' oracle (run in float64 it is the reference every kernel is checked agains
 
 from .rms_norm import rms_norm
 
+from .layer_norm import layer_norm
+from .rope import rope
+from .glu import geglu, swiglu
+from .rms_norm import fused_add_rms_norm
 # @imports
 
 __all__ = [
     "rms_norm",
+    "layer_norm",
+    "rope",
+    "swiglu",
+    "geglu",
+    "fused_add_rms_norm",
     # @all
 ]

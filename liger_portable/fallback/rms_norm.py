@@ -21,3 +21,17 @@ def rms_norm(
     if casting_mode == "llama":
         xhat = xhat.to(x.dtype).to(compute)
     return (xhat * w).to(x.dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, casting_mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual; (rms_norm(s, ...), s)``: the pre-norm residual step of a decoder layer.
+
+    Exactly the unfused code (Hugging Face: ``residual = residual + hidden; hidden = norm(residual)``):
+    the sum is added in fp32 and rounded to ``x.dtype`` (what PyTorch's half-precision add does), and
+    the normalisation reads that rounded sum. Autograd gives ``x`` and ``residual`` the same
+    gradient: rms_norm's dx plus the gradient that reached ``s``.
+    """
+    s = x + residual
+    return rms_norm(s, weight, eps, offset, casting_mode), s

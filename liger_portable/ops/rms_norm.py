@@ -9,11 +9,19 @@ of the rows, writes dx and accumulates the weight gradient of its rows in fp32, 
 partial row; the partials are summed on the host side of the launch (``num_programs x n_cols``
 floats, small). Long rows accumulate their partial in global memory instead of registers.
 
+Fused add + RMSNorm (the pre-norm residual of a decoder layer) runs the same two kernels with a
+constexpr flag set: the forward (``HAS_RESIDUAL``) also loads the residual ``r`` and stores the sum
+``s = x + r`` (added in fp32, rounded once to the input dtype), which it then normalises; the
+backward (``HAS_DSUM``) reads ``s`` as its ``x`` and adds the incoming gradient of ``s`` to dx, which
+is the gradient of both ``x`` and ``r``. With the flags off (their defaults) the kernels are RMSNorm's.
+
 All arithmetic is fp32; loads are in the input dtype, stores in the output dtype; row offsets are
 int64 so ``n_rows * stride`` may pass 2**31.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import triton
@@ -32,6 +40,9 @@ def _rms_norm_fwd_kernel(
     X, Y, W, RSTD,
     stride_x, stride_y, n_rows, n_cols, eps, offset,
     GEMMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
+    # Fused add: also read R, store the sum S = X + R (row stride of Y: both are allocated alike)
+    # and normalise it. Unset (RMSNorm), these arguments are compiled out.
+    R=None, stride_r=None, S=None, HAS_RESIDUAL: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
@@ -39,10 +50,20 @@ def _rms_norm_fwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     x_row = X + rows64[:, None] * stride_x
     y_row = Y + rows64[:, None] * stride_y
+    if HAS_RESIDUAL:
+        r_row = R + rows64[:, None] * stride_r
+        s_row = S + rows64[:, None] * stride_y
     if SINGLE_PASS:
         col_mask = cols < n_cols
         mask = row_mask[:, None] & col_mask[None, :]
         x = tl.load(x_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            # The sum as the unfused code has it: added in fp32, rounded once to the input dtype;
+            # the normalisation reads the rounded value.
+            r = tl.load(r_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            s = (x + r).to(S.dtype.element_ty)
+            tl.store(s_row + cols[None, :], s, mask=mask)
+            x = s.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
         xhat = x * rstd[:, None]
@@ -55,6 +76,11 @@ def _rms_norm_fwd_kernel(
             c = start + cols
             mask = row_mask[:, None] & (c < n_cols)[None, :]
             x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                r = tl.load(r_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                s = (x + r).to(S.dtype.element_ty)
+                tl.store(s_row + c[None, :], s, mask=mask)
+                x = s.to(tl.float32)
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
         for start in range(0, n_cols, BLOCK_N):
@@ -62,6 +88,11 @@ def _rms_norm_fwd_kernel(
             col_mask = c < n_cols
             mask = row_mask[:, None] & col_mask[None, :]
             x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                # Recomputed from X and R (the same bits as the stored S) rather than read back from
+                # S: a thread may not see another thread's store of this program without a fence.
+                r = tl.load(r_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                x = (x + r).to(S.dtype.element_ty).to(tl.float32)
             w = tl.load(W + c, mask=col_mask, other=0.0).to(tl.float32) + offset
             xhat = x * rstd[:, None]
             if not GEMMA:
@@ -75,6 +106,9 @@ def _rms_norm_bwd_kernel(
     DY, X, W, RSTD, DX, DW_PARTIAL,
     stride_dy, stride_x, stride_dx, n_rows, n_cols, offset,
     GEMMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
+    # Fused add: X is the saved sum, and DS (the gradient that reached the sum output) is added to
+    # dx. Unset (RMSNorm), these arguments are compiled out.
+    DS=None, stride_ds=None, HAS_DSUM: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -97,6 +131,9 @@ def _rms_norm_bwd_kernel(
             g = dy * w[None, :]
             c = tl.sum(g * xhat, axis=1) / n_cols
             dx = (g - xhat * c[:, None]) * rstd[:, None]
+            if HAS_DSUM:
+                ds = tl.load(DS + rows64[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0)
+                dx += ds.to(tl.float32)
             tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
             if not GEMMA:
                 xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
@@ -130,6 +167,9 @@ def _rms_norm_bwd_kernel(
                 w = tl.load(W + cc, mask=col_mask, other=0.0).to(tl.float32) + offset
                 xhat = x * rstd[:, None]
                 dx = (dy * w[None, :] - xhat * c[:, None]) * rstd[:, None]
+                if HAS_DSUM:
+                    ds = tl.load(DS + rows64[:, None] * stride_ds + cc[None, :], mask=mask, other=0.0)
+                    dx += ds.to(tl.float32)
                 tl.store(DX + rows64[:, None] * stride_dx + cc[None, :], dx.to(DX.dtype.element_ty), mask=mask)
                 if not GEMMA:
                     xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
@@ -151,19 +191,41 @@ def rms_norm_fwd(
     ``config`` overrides the resolved launch config (the tuner and benchmarks use it).
     Returns ``(y, rstd)``: y contiguous in ``x.dtype``, rstd fp32 of shape ``(n_rows,)``.
     """
+    y, _, rstd = _fwd("rms_norm_fwd", x, None, weight, eps, offset, gemma, config)
+    return y, rstd
+
+
+def fused_add_rms_norm_fwd(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
+    config: Resolved | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward of ``s = x + residual; y = rms_norm(s)`` in one pass; ``x`` and ``residual`` 2-D of one
+    shape and dtype, each with a contiguous last dimension (row strides may differ).
+
+    Returns ``(y, s, rstd)``: y and s contiguous in ``x.dtype``, rstd fp32 of shape ``(n_rows,)``.
+    """
+    return _fwd("fused_add_rms_norm_fwd", x, residual, weight, eps, offset, gemma, config)
+
+
+def _fwd(kernel, x, residual, weight, eps, offset, gemma, config):
     n_rows, n_cols = x.shape
     dev = device_info(x)
-    cfg = config or resolve("rms_norm_fwd", dev, (n_cols, n_rows), x.dtype)
+    cfg = config or resolve(kernel, dev, (n_cols, n_rows), x.dtype)
     block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
     y = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     rstd = _empty((n_rows,), dtype=torch.float32, device=x.device)
+    if residual is None:
+        s, fused = None, {}
+    else:
+        s = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)  # the row stride of y
+        fused = {"R": residual, "stride_r": residual.stride(0), "S": s, "HAS_RESIDUAL": True}
     _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
         x, y, weight, rstd,
         x.stride(0), y.stride(0), n_rows, n_cols, eps, offset,
-        GEMMA=gemma, BLOCK_N=block_n, SINGLE_PASS=single, **cfg.launch,
+        GEMMA=gemma, BLOCK_N=block_n, SINGLE_PASS=single, **fused, **cfg.launch,
     )
-    return y, rstd
+    return y, s, rstd
 
 
 def rms_norm_bwd(
@@ -175,21 +237,44 @@ def rms_norm_bwd(
     ``config`` overrides the resolved launch config. Returns ``(dx, dweight)`` in the dtypes of
     ``x`` and ``weight``.
     """
+    return _bwd("rms_norm_bwd", dy, None, x, weight, rstd, offset, gemma, config)
+
+
+def fused_add_rms_norm_bwd(
+    dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+    offset: float, gemma: bool, config: Resolved | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of the fused add + RMSNorm: ``dy`` the gradient of y, ``ds`` that of the sum output
+    (None if the sum was not used), ``s`` and ``rstd`` saved by the forward.
+
+    Returns ``(dsum, dweight)``: ``dsum = rms_norm's dx + ds`` (added in fp32, rounded once) is the
+    gradient of both ``x`` and ``residual``.
+    """
+    return _bwd("fused_add_rms_norm_bwd", dy, ds, s, weight, rstd, offset, gemma, config)
+
+
+def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config):
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
     dev = device_info(x)
-    cfg = config or resolve("rms_norm_bwd", dev, (n_cols, n_rows), x.dtype)
+    cfg = config or resolve(kernel, dev, (n_cols, n_rows), x.dtype)
     block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
     n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
     dx = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     alloc = _empty if single else torch.zeros
     dw_partial = alloc((n_programs, n_cols), dtype=torch.float32, device=x.device)
+    if ds is None:
+        fused = {}
+    else:
+        if ds.stride(-1) != 1:
+            ds = ds.contiguous()
+        fused = {"DS": ds, "stride_ds": ds.stride(0), "HAS_DSUM": True}
     _rms_norm_bwd_kernel[(n_programs,)](
         dy, x, weight, rstd, dx, dw_partial,
         dy.stride(0), x.stride(0), dx.stride(0), n_rows, n_cols, offset,
-        GEMMA=gemma, BLOCK_N=block_n, SINGLE_PASS=single, **cfg.launch,
+        GEMMA=gemma, BLOCK_N=block_n, SINGLE_PASS=single, **fused, **cfg.launch,
     )
     dw = dw_partial.sum(0)
     return dx, dw if weight.dtype == torch.float32 else dw.to(weight.dtype)
@@ -262,3 +347,85 @@ def _backward(ctx, dy, _drstd):
 
 
 rms_norm_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------- fused add + RMSNorm autograd
+# The gradient of the sum s = x + residual (rms_norm's dx plus the gradient that reached s as an
+# output) is the gradient of both x and residual: one tensor, returned for both inputs (autograd
+# never writes into a gradient it hands on; AccumulateGrad copies one it cannot own).
+
+
+class _FusedAddRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, offset, gemma):
+        y, s, rstd = fused_add_rms_norm_fwd(x, residual, weight, eps, offset, gemma)
+        ctx.save_for_backward(s, weight, rstd)
+        ctx.offset, ctx.gemma = offset, gemma
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros read
+        return y, s
+
+    @staticmethod
+    def backward(ctx, dy, ds):
+        if dy is None:  # only the sum was used: its gradient passes through, the weight gets none
+            return ds, ds, None, None, None, None
+        s, weight, rstd = ctx.saved_tensors
+        dsum, dw = fused_add_rms_norm_bwd(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)
+        return dsum, dsum, dw, None, None, None
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable ``(rms_norm(x + residual), x + residual)`` of 2-D inputs with a contiguous
+    last dimension."""
+    if torch.compiler.is_compiling():
+        y, s, _ = fused_add_rms_norm_op(x, residual, weight, eps, offset, gemma)
+        return y, s
+    return _FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, gemma)
+
+
+@torch.library.custom_op("liger_portable::fused_add_rms_norm", mutates_args=())
+def fused_add_rms_norm_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused add + RMSNorm of 2-D ``x`` and ``residual``: ``(y, s, rstd)``."""
+    return fused_add_rms_norm_fwd(x, residual, weight, eps, offset, gemma)
+
+
+@fused_add_rms_norm_op.register_fake
+def _(x, residual, weight, eps, offset, gemma):
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    s = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return y, s, x.new_empty(x.shape[:1], dtype=torch.float32)
+
+
+@torch.library.custom_op("liger_portable::fused_add_rms_norm_backward", mutates_args=())
+def fused_add_rms_norm_backward_op(
+    dy: torch.Tensor, ds: Optional[torch.Tensor], s: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+    offset: float, gemma: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return fused_add_rms_norm_bwd(dy, ds, s, weight, rstd, offset, gemma)
+
+
+@fused_add_rms_norm_backward_op.register_fake
+def _(dy, ds, s, weight, rstd, offset, gemma):
+    return torch.empty_like(s, memory_format=torch.contiguous_format), torch.empty_like(weight)
+
+
+def _fused_setup_context(ctx, inputs, output):
+    _x, _residual, weight, _eps, offset, gemma = inputs
+    _y, s, rstd = output
+    ctx.save_for_backward(s, weight, rstd)
+    ctx.offset, ctx.gemma = offset, gemma
+    ctx.mark_non_differentiable(rstd)
+
+
+def _fused_backward(ctx, dy, ds, _drstd):
+    if dy is None:
+        return ds, ds, None, None, None, None
+    s, weight, rstd = ctx.saved_tensors
+    dsum, dw = fused_add_rms_norm_backward_op(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)
+    return dsum, dsum, dw, None, None, None
+
+
+fused_add_rms_norm_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)

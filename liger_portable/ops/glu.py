@@ -1,0 +1,269 @@
+"""SwiGLU and GeGLU (``act(a) * b``) forward and backward in Triton: one source for every vendor.
+
+One forward and one backward kernel serve both activations through the ``ACT`` constexpr
+(``"silu"`` or ``"gelu_tanh"``). Both activations are ``act(a) = a * sigmoid(z(a))``:
+
+- SiLU: ``z = a``;
+- tanh-GELU: ``0.5 a (1 + tanh(u)) = a * sigmoid(2u)`` with ``u = sqrt(2/pi) (a + 0.044715 a^3)``,
+
+so tanh is never needed (no libdevice): ``tl.sigmoid`` is ``1 / (1 + exp(-x))`` on every backend
+and in the interpreter. The derivative is ``act'(a) = s + act(a) (1 - s) z'(a)`` with ``s = sigmoid(z)``.
+
+Each program owns a 2-D tile of ``BLOCK_M`` rows x ``BLOCK_N`` columns of the (rows, last dim)
+problem, on a 1-D grid in row-major tile order (consecutive programs read consecutive memory; a
+1-D grid has no 65535 limit on the row count). Row strides are arguments, so a last-dim-contiguous
+view (e.g. the two halves of a fused gate/up projection) is read in place, without a copy. Row
+offsets are int64.
+
+Numerics follow eager PyTorch on ``act(a) * b`` in the input dtype (Hugging Face's LlamaMLP /
+GemmaMLP): everything is computed in fp32, and the intermediates eager rounds are rounded here too
+(``act(a)`` before the product; ``dc * b`` before the activation's derivative), so a bf16 model
+gets the same numbers as the module it replaces, up to the last bit of exp.
+
+The backward recomputes ``act(a)`` from ``a`` (nothing but ``a`` and ``b`` is saved). With
+``inplace`` it writes ``da`` over ``a`` and ``db`` over ``b``: each program loads its tile of ``a``
+and ``b`` before storing the gradients of that same tile, and tiles are disjoint, so this is safe
+whenever ``a`` and ``b`` do not overlap in memory (the caller checks: :func:`can_write_in_place`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._configs import Resolved, resolve
+from .._dispatch import device_info
+from .._specs import next_pow2
+
+# Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
+_empty = torch.empty
+
+ACTIVATIONS = ("silu", "gelu_tanh")
+# Kernel spec (table entry) names per activation: the two share the source, not the tuned configs.
+_SPEC = {"silu": ("swiglu_fwd", "swiglu_bwd"), "gelu_tanh": ("geglu_fwd", "geglu_bwd")}
+
+
+@triton.jit
+def _z_and_dz(a, ACT: tl.constexpr):
+    """``z(a)`` with ``act(a) = a * sigmoid(z)``, and ``dz/da``; fp32 in, fp32 out."""
+    if ACT == "silu":
+        z = a
+        dz = tl.full(a.shape, 1.0, tl.float32)
+    else:
+        # 2 * sqrt(2/pi) * (a + 0.044715 a^3) and its derivative.
+        a2 = a * a
+        z = a * (1.5957691216057308 + 0.07135481627260025 * a2)
+        dz = 1.5957691216057308 + 0.21406444881780076 * a2
+    return z, dz
+
+
+@triton.jit
+def _glu_fwd_kernel(
+    A, B, C,
+    stride_a, stride_b, stride_c, n_rows, n_cols,
+    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
+    rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (pid % n_col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    a = tl.load(A + rows64 * stride_a + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + rows64 * stride_b + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    z, _dz = _z_and_dz(a, ACT)
+    act = (a * tl.sigmoid(z)).to(C.dtype.element_ty).to(tl.float32)  # eager rounds act(a) first
+    tl.store(C + rows64 * stride_c + cols[None, :], (act * b).to(C.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_bwd_kernel(
+    DC, A, B, DA, DB,
+    stride_dc, stride_a, stride_b, stride_da, stride_db, n_rows, n_cols,
+    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # DA may be A and DB may be B (in-place backward): every load of the tile precedes its stores.
+    pid = tl.program_id(0)
+    n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
+    rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (pid % n_col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    dc = tl.load(DC + rows64 * stride_dc + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(A + rows64 * stride_a + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + rows64 * stride_b + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    z, dz = _z_and_dz(a, ACT)
+    s = tl.sigmoid(z)
+    act = a * s
+    dact = s + act * (1.0 - s) * dz
+    # As eager: db = dc * round(act(a)), da = act'(a) * round(dc * b).
+    act_r = act.to(A.dtype.element_ty).to(tl.float32)
+    g = (dc * b).to(A.dtype.element_ty).to(tl.float32)
+    tl.store(DA + rows64 * stride_da + cols[None, :], (g * dact).to(DA.dtype.element_ty), mask=mask)
+    tl.store(DB + rows64 * stride_db + cols[None, :], (dc * act_r).to(DB.dtype.element_ty), mask=mask)
+
+
+def _tile(cfg: Resolved, n_cols: int) -> tuple[int, dict]:
+    """``(BLOCK_M, launch kwargs)``: the table's tile, its columns clamped to the row length."""
+    block_n = min(cfg.meta["BLOCK_N"], max(16, next_pow2(n_cols)))
+    launch = cfg.launch if block_n == cfg.meta["BLOCK_N"] else {**cfg.launch, "BLOCK_N": block_n}
+    return cfg.meta["BLOCK_M"], launch
+
+
+def _grid(n_rows: int, n_cols: int, block_m: int, block_n: int) -> tuple[int]:
+    return (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
+
+
+def glu_fwd(a: torch.Tensor, b: torch.Tensor, act: str, config: Resolved | None = None) -> torch.Tensor:
+    """Launch the forward on 2-D ``a`` and ``b`` of one shape and dtype, last dimension contiguous.
+
+    ``act`` is ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU); ``config`` overrides the resolved
+    launch config (the tuner and benchmarks use it). Returns ``act(a) * b``, contiguous.
+    """
+    n_rows, n_cols = a.shape
+    cfg = config or resolve(_SPEC[act][0], device_info(a), (n_cols, n_rows), a.dtype)
+    block_m, launch = _tile(cfg, n_cols)
+    c = _empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
+    _glu_fwd_kernel[_grid(n_rows, n_cols, block_m, launch["BLOCK_N"])](
+        a, b, c,
+        a.stride(0), b.stride(0), c.stride(0), n_rows, n_cols,
+        ACT=act, **launch,
+    )
+    return c
+
+
+def glu_bwd(
+    dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool,
+    config: Resolved | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward: ``(da, db)`` for 2-D ``a``, ``b`` and ``dc`` of one shape.
+
+    With ``inplace`` the gradients are written over ``a`` and ``b`` and returned as those tensors
+    (only legal if :func:`can_write_in_place` holds); otherwise they are new contiguous tensors.
+    ``config`` overrides the resolved launch config.
+    """
+    if dc.stride(-1) != 1:
+        dc = dc.contiguous()
+    n_rows, n_cols = a.shape
+    cfg = config or resolve(_SPEC[act][1], device_info(a), (n_cols, n_rows), a.dtype)
+    block_m, launch = _tile(cfg, n_cols)
+    if inplace:
+        da, db = a, b
+    else:
+        da = _empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
+        db = _empty((n_rows, n_cols), dtype=b.dtype, device=b.device)
+    _glu_bwd_kernel[_grid(n_rows, n_cols, block_m, launch["BLOCK_N"])](
+        dc, a, b, da, db,
+        dc.stride(0), a.stride(0), b.stride(0), da.stride(0), db.stride(0), n_rows, n_cols,
+        ACT=act, **launch,
+    )
+    return da, db
+
+
+def _no_self_overlap(t: torch.Tensor) -> bool:
+    return t.shape[0] <= 1 or t.stride(0) >= t.shape[1]
+
+
+def can_write_in_place(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True if the backward may write ``da`` over ``a`` and ``db`` over ``b`` (2-D, last dim
+    contiguous): no element of either is stored twice, and ``a`` and ``b`` share no element.
+    Disjoint halves of one buffer (a fused gate/up projection, ``y[:, :n]`` and ``y[:, n:]``)
+    qualify; ``swiglu(x, x)`` does not."""
+    if not (_no_self_overlap(a) and _no_self_overlap(b)):
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return True
+    es = a.element_size()
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    a1 = a0 + ((a.shape[0] - 1) * a.stride(0) + a.shape[1]) * es
+    b1 = b0 + ((b.shape[0] - 1) * b.stride(0) + b.shape[1]) * es
+    if a1 <= b0 or b1 <= a0:
+        return True
+    # Interleaved rows of one buffer with the same row stride s and row length n: disjoint iff
+    # the element offset between them, modulo s, leaves n columns on either side.
+    if a.stride(0) != b.stride(0) or (b0 - a0) % es:
+        return False
+    s, n = a.stride(0), a.shape[1]
+    d = ((b0 - a0) // es) % s
+    return n <= d <= s - n
+
+
+# --------------------------------------------------------------------------- autograd
+# Eager calls take a plain autograd.Function (the cheapest path on the host). Under torch.compile
+# the launches run inside custom ops, opaque to the compiler, so a compiled model has no graph
+# break here; that path computes the backward out of place (see glu()).
+
+
+class _GLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, act, inplace):
+        c = glu_fwd(a, b, act)
+        ctx.save_for_backward(a, b)
+        ctx.act, ctx.inplace, ctx.done = act, inplace, False
+        return c
+
+    @staticmethod
+    def backward(ctx, dc):
+        if ctx.inplace and ctx.done:
+            raise RuntimeError(
+                "liger_portable swiglu/geglu with inplace_backward=True can run backward only once: "
+                "the first backward overwrote a and b with their gradients. Use "
+                "inplace_backward=False with retain_graph=True or double backward."
+            )
+        a, b = ctx.saved_tensors
+        da, db = glu_bwd(dc, a, b, ctx.act, ctx.inplace)
+        if ctx.inplace:
+            ctx.done = True
+            # The kernel wrote a and b behind autograd's back: bump their version counters, so
+            # that any other node that saved them fails loudly instead of reading gradients.
+            torch.autograd.graph.increment_version(a)
+            torch.autograd.graph.increment_version(b)
+        return da, db, None, None
+
+
+def glu(a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool) -> torch.Tensor:
+    """Differentiable ``act(a) * b`` of 2-D ``a``, ``b`` (last dimension contiguous).
+
+    ``inplace``: the backward writes the gradients over ``a`` and ``b``; it is dropped when they
+    overlap in memory, and under torch.compile (the custom ops do not mutate their inputs).
+    """
+    if torch.compiler.is_compiling():
+        return glu_op(a, b, act)
+    return _GLUFunction.apply(a, b, act, inplace and can_write_in_place(a, b))
+
+
+@torch.library.custom_op("liger_portable::glu", mutates_args=())
+def glu_op(a: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
+    """``act(a) * b`` of 2-D ``a``, ``b`` (last dimension contiguous); act ``silu`` / ``gelu_tanh``."""
+    return glu_fwd(a, b, act)
+
+
+@glu_op.register_fake
+def _(a, b, act):
+    return a.new_empty(a.shape)
+
+
+@torch.library.custom_op("liger_portable::glu_backward", mutates_args=())
+def glu_backward_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, act: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return glu_bwd(dc, a, b, act, False)
+
+
+@glu_backward_op.register_fake
+def _(dc, a, b, act):
+    return a.new_empty(a.shape), b.new_empty(b.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, act = inputs
+    ctx.save_for_backward(a, b)
+    ctx.act = act
+
+
+def _backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    da, db = glu_backward_op(dc, a, b, ctx.act)
+    return da, db, None
+
+
+glu_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,315 @@
+"""LayerNorm forward and backward in Triton: one source for every vendor.
+
+``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last dimension (biased variance,
+as ``torch.nn.functional.layer_norm``); the bias is optional (a constexpr drops it).
+
+Forward: each program normalises ``BLOCK_M`` rows. Rows up to ``BLOCK_N_MAX`` columns are held in
+registers (one read of x, one write of y; the variance is taken of the centred values, exact two
+passes over registers). Longer rows take a looped path: one pass over column blocks merges the
+per-block mean and sum of squared deviations (Chan et al.'s pairwise update, stable where
+``E[x**2] - mean**2`` would cancel), a second pass writes y. The per-row mean and ``rstd`` (fp32)
+are saved for the backward.
+
+Backward: a persistent grid of ``PROGRAMS_PER_CU`` programs per compute unit; each walks its share
+of the rows, writes dx and accumulates the weight (and bias) gradient of its rows in fp32, then
+writes one partial row ``[dW | dB]``; the partials are summed after the launch (one reduction over
+``num_programs`` rows, small). Long rows accumulate their partials in global memory instead.
+
+All arithmetic is fp32; loads are in the input dtype, stores in the output dtype; row offsets are
+int64 so ``n_rows * stride`` may pass 2**31.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .._configs import Resolved, resolve
+from .._dispatch import device_info
+from .._specs import next_pow2
+
+# Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
+_empty = torch.empty
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    X, Y, W, B, MEAN, RSTD,
+    stride_x, stride_y, n_rows, n_cols, eps,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    rows64 = rows.to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    x_row = X + rows64[:, None] * stride_x
+    y_row = Y + rows64[:, None] * stride_y
+    if SINGLE_PASS:
+        col_mask = cols < n_cols
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=1) / n_cols
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = xc * rstd[:, None] * w[None, :]
+        if HAS_BIAS:
+            y += tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_row + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        # Running (count = start, mean, m2) per row, merged block by block.
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+        m2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            mask = row_mask[:, None] & (c < n_cols)[None, :]
+            x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            n_blk = tl.minimum(n_cols - start, BLOCK_N).to(tl.float32)
+            n_tot = start + n_blk  # fp32; n_tot - n_blk = start, the columns merged so far
+            blk_mean = tl.sum(x, axis=1) / n_blk
+            d = tl.where(mask, x - blk_mean[:, None], 0.0)
+            delta = blk_mean - mean
+            frac = n_blk / n_tot
+            mean = mean + delta * frac
+            m2 = m2 + tl.sum(d * d, axis=1) + delta * delta * ((n_tot - n_blk) * frac)
+        rstd = tl.rsqrt(m2 / n_cols + eps)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            col_mask = c < n_cols
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(W + c, mask=col_mask, other=0.0).to(tl.float32)
+            y = (x - mean[:, None]) * rstd[:, None] * w[None, :]
+            if HAS_BIAS:
+                y += tl.load(B + c, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, mean, mask=row_mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _layer_norm_bwd_kernel(
+    DY, X, W, MEAN, RSTD, DX, PARTIAL,
+    stride_dy, stride_x, stride_dx, stride_partial, n_rows, n_cols,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_PASS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    n_blocks = tl.cdiv(n_rows, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    # This program's partial row: dW in columns [0, n_cols), dB in [n_cols, 2 n_cols).
+    dw_row = PARTIAL + pid.to(tl.int64) * stride_partial
+    db_row = dw_row + n_cols
+    if SINGLE_PASS:
+        col_mask = cols < n_cols
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for block in range(pid, n_blocks, n_programs):
+            rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < n_rows
+            rows64 = rows.to(tl.int64)
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+            xhat = (x - mean[:, None]) * rstd[:, None]
+            g = dy * w[None, :]  # zero outside the row (dy and w load 0 there)
+            c1 = tl.sum(g * xhat, axis=1) / n_cols
+            c2 = tl.sum(g, axis=1) / n_cols
+            dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+            dw += dy * xhat
+            if HAS_BIAS:
+                db += dy
+        tl.store(dw_row + cols, tl.sum(dw, axis=0), mask=col_mask)
+        if HAS_BIAS:
+            tl.store(db_row + cols, tl.sum(db, axis=0), mask=col_mask)
+    else:
+        # PARTIAL arrives zeroed; each program owns its row of it.
+        for block in range(pid, n_blocks, n_programs):
+            rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < n_rows
+            rows64 = rows.to(tl.int64)
+            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+            x_row = X + rows64[:, None] * stride_x
+            dy_row = DY + rows64[:, None] * stride_dy
+            acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK_N):
+                cc = start + cols
+                col_mask = cc < n_cols
+                mask = row_mask[:, None] & col_mask[None, :]
+                x = tl.load(x_row + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_row + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + cc, mask=col_mask, other=0.0).to(tl.float32)
+                g = dy * w[None, :]
+                acc1 += g * ((x - mean[:, None]) * rstd[:, None])
+                acc2 += g
+            c1 = tl.sum(acc1, axis=1) / n_cols
+            c2 = tl.sum(acc2, axis=1) / n_cols
+            for start in range(0, n_cols, BLOCK_N):
+                cc = start + cols
+                col_mask = cc < n_cols
+                mask = row_mask[:, None] & col_mask[None, :]
+                x = tl.load(x_row + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_row + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + cc, mask=col_mask, other=0.0).to(tl.float32)
+                xhat = (x - mean[:, None]) * rstd[:, None]
+                dx = (dy * w[None, :] - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+                tl.store(DX + rows64[:, None] * stride_dx + cc[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+                part = tl.load(dw_row + cc, mask=col_mask, other=0.0)
+                tl.store(dw_row + cc, part + tl.sum(dy * xhat, axis=0), mask=col_mask)
+                if HAS_BIAS:
+                    part_b = tl.load(db_row + cc, mask=col_mask, other=0.0)
+                    tl.store(db_row + cc, part_b + tl.sum(dy, axis=0), mask=col_mask)
+
+
+def _block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
+    block = next_pow2(n_cols)
+    return (block, True) if block <= block_n_max else (block_n_max, False)
+
+
+def layer_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+    config: Resolved | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the forward on a 2-D ``x`` whose last dimension is contiguous; ``weight`` and
+    ``bias`` (or None) contiguous of shape ``(n_cols,)``.
+
+    ``config`` overrides the resolved launch config (the tuner and benchmarks use it).
+    Returns ``(y, mean, rstd)``: y contiguous in ``x.dtype``, mean and rstd fp32 of shape ``(n_rows,)``.
+    """
+    n_rows, n_cols = x.shape
+    dev = device_info(x)
+    cfg = config or resolve("layer_norm_fwd", dev, (n_cols, n_rows), x.dtype)
+    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block_m = cfg.meta["BLOCK_M"]
+    y = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    mean = _empty((n_rows,), dtype=torch.float32, device=x.device)
+    rstd = _empty((n_rows,), dtype=torch.float32, device=x.device)
+    _layer_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
+        x, y, weight, weight if bias is None else bias, mean, rstd,
+        x.stride(0), y.stride(0), n_rows, n_cols, eps,
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, SINGLE_PASS=single, **cfg.launch,
+    )
+    return y, mean, rstd
+
+
+def layer_norm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+    mean: torch.Tensor, rstd: torch.Tensor, config: Resolved | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension.
+
+    ``config`` overrides the resolved launch config. Returns ``(dx, dweight, dbias)`` in the
+    dtypes of ``x``, ``weight`` and ``bias``; ``dbias`` is None when ``bias`` is None. When
+    weight and bias share a dtype, ``dweight`` and ``dbias`` are views of one buffer (one cast).
+    """
+    if dy.stride(-1) != 1:
+        dy = dy.contiguous()
+    n_rows, n_cols = x.shape
+    dev = device_info(x)
+    cfg = config or resolve("layer_norm_bwd", dev, (n_cols, n_rows), x.dtype)
+    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block_m = cfg.meta["BLOCK_M"]
+    n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
+    has_bias = bias is not None
+    width = 2 * n_cols if has_bias else n_cols
+    dx = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    alloc = _empty if single else torch.zeros
+    partial = alloc((n_programs, width), dtype=torch.float32, device=x.device)
+    _layer_norm_bwd_kernel[(n_programs,)](
+        dy, x, weight, mean, rstd, dx, partial,
+        dy.stride(0), x.stride(0), dx.stride(0), partial.stride(0), n_rows, n_cols,
+        HAS_BIAS=has_bias, BLOCK_N=block_n, SINGLE_PASS=single, **cfg.launch,
+    )
+    sums = partial.sum(0)
+    if has_bias and bias.dtype == weight.dtype:
+        sums = sums.to(weight.dtype)  # one cast for both
+        return dx, sums[:n_cols], sums[n_cols:]
+    dw = sums[:n_cols].to(weight.dtype)
+    db = sums[n_cols:].to(bias.dtype) if has_bias else None
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------- autograd
+# Eager calls take a plain autograd.Function (the cheapest path on the host). Under torch.compile
+# the same launches run inside a custom op, which is opaque to the compiler: the launch code is
+# never traced, so a compiled model has no graph break here.
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = layer_norm_fwd(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd)
+        return dx, dw, db, None
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Differentiable LayerNorm of a 2-D ``x`` with a contiguous last dimension."""
+    if torch.compiler.is_compiling():
+        return layer_norm_op(x, weight, bias, eps)[0]
+    return _LayerNormFunction.apply(x, weight, bias, eps)
+
+
+@torch.library.custom_op("liger_portable::layer_norm", mutates_args=())
+def layer_norm_op(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm of a 2-D ``x`` (rows x hidden, last dimension contiguous): ``(y, mean, rstd)``."""
+    return layer_norm_fwd(x, weight, bias, eps)
+
+
+@layer_norm_op.register_fake
+def _(x, weight, bias, eps):
+    stats = x.new_empty(x.shape[:1], dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("liger_portable::layer_norm_backward", mutates_args=())
+def layer_norm_backward_op(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+    mean: torch.Tensor, rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dweight, dbias)``; ``dbias`` has no elements when ``bias`` is None (an op's outputs
+    cannot be None, nor alias each other: the bias gradient is copied apart then)."""
+    dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd)
+    if db is None:
+        db = weight.new_empty((0,))
+    elif db.untyped_storage().data_ptr() == dw.untyped_storage().data_ptr():
+        db = db.clone()
+    return dx, dw, db
+
+
+@layer_norm_backward_op.register_fake
+def _(dy, x, weight, bias, mean, rstd):
+    db = weight.new_empty((0,)) if bias is None else torch.empty_like(bias)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight), db
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, _eps = inputs
+    ctx.save_for_backward(x, weight, bias, output[1], output[2])
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _backward(ctx, dy, _dmean, _drstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    dx, dw, db = layer_norm_backward_op(dy, x, weight, bias, mean, rstd)
+    return dx, dw, (db if bias is not None else None), None
+
+
+layer_norm_op.register_autograd(_backward, setup_context=_setup_context)

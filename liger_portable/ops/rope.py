@@ -1,0 +1,245 @@
+"""Rotary position embedding (Hugging Face's ``apply_rotary_pos_emb``) in Triton: one source for
+every vendor, one kernel for forward and backward.
+
+Layout. The launch code takes ``q`` and ``k`` as 4-D *logical* ``(batch, heads, seq, head_dim)``
+tensors with any strides except a contiguous last dimension (the public function passes the
+transposed view for ``unsqueeze_dim=2``), and ``cos``/``sin`` as ``(1 or batch, >= seq, head_dim)``
+with a contiguous last dimension. Nothing is copied: Hugging Face's ``q`` (a
+``view(B, S, H, D).transpose(1, 2)``) is read through its strides.
+
+Grid. One launch covers q and k: a 1-D grid over ``batch x seq blocks x (q heads + k heads)``,
+heads fastest, so that programs running side by side share one block of cos/sin (read per
+program, it stays in L2) and, in the Hugging Face layout, touch neighbouring memory. Each program
+rotates ``BLOCK_S`` positions of one head; the two halves of the head dimension are loaded as
+two ``BLOCK_S x next_pow2(head_dim / 2)`` tiles (masked when head_dim / 2 is not a power of two).
+
+Maths (rotate-half convention, with ``x = [x1, x2]``, ``cos = [c1, c2]``, ``sin = [s1, s2]``)::
+
+    forward   y1 = x1 c1 - x2 s1            y2 = x2 c2 + x1 s2
+    backward  dx1 = dy1 c1 + dy2 s2         dx2 = dy2 c2 - dy1 s1
+
+The backward is the forward with ``sin`` replaced by ``-[s2, s1]``: for Hugging Face's cos/sin
+(``s1 == s2``) that is the rotation by -theta; swapping the halves keeps it the exact gradient for
+any cos/sin. All halves of cos and sin are read (not only the first), so arbitrary cos/sin give
+Hugging Face's result. cos and sin get no gradient.
+
+Outputs are new tensors (the inputs are left untouched) laid out in the memory order of the
+tensor they are computed from (same strides when that tensor is dense: Hugging Face's transposed q
+gives a ``q_embed`` with q's strides, as eager PyTorch's elementwise ops do); a tensor whose last
+dimension is not contiguous is copied first, and its result is contiguous.
+
+Loads are in the input dtype, arithmetic in fp32, stores in the output dtype (that of the input);
+all offsets are int64.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from .._configs import Resolved, resolve
+from .._dispatch import device_info
+from .._specs import next_pow2
+
+# Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
+_empty = torch.empty
+
+
+@triton.jit
+def _rope_tile(
+    X, Y, b, h, rows64, cols, mask, sxb, sxh, sxs, s_yb, s_yh, s_ys, c1, c2, s1, s2,
+    HALF: tl.constexpr,
+):
+    x_ptr = X + b * sxb + h * sxh + rows64[:, None] * sxs + cols[None, :]
+    x1 = tl.load(x_ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    y_ptr = Y + b * s_yb + h * s_yh + rows64[:, None] * s_ys + cols[None, :]
+    tl.store(y_ptr, (x1 * c1 - x2 * s1).to(Y.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + HALF, (x2 * c2 + x1 * s2).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    Q, K, QO, KO, COS, SIN,
+    sqb, sqh, sqs, skb, skh, sks,
+    sqob, sqoh, sqos, skob, skoh, skos,
+    scb, scs, ssb, sss,
+    n_qh, n_heads, seq_len, n_sblocks,
+    BACKWARD: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    h = pid % n_heads
+    t = pid // n_heads
+    sblk = t % n_sblocks
+    b = (t // n_sblocks).to(tl.int64)
+    rows = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (rows < seq_len)[:, None] & (cols < HALF)[None, :]
+    rows64 = rows.to(tl.int64)
+
+    c_ptr = COS + b * scb + rows64[:, None] * scs + cols[None, :]
+    s_ptr = SIN + b * ssb + rows64[:, None] * sss + cols[None, :]
+    c1 = tl.load(c_ptr, mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(c_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(s_ptr, mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(s_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    if BACKWARD:
+        # The transpose of the forward: sin -> -[s2, s1] (rotation by -theta when s1 == s2).
+        neg_s2 = -s2
+        s2 = -s1
+        s1 = neg_s2
+
+    if h < n_qh:
+        _rope_tile(Q, QO, b, h.to(tl.int64), rows64, cols, mask, sqb, sqh, sqs, sqob, sqoh, sqos,
+                   c1, c2, s1, s2, HALF=HALF)
+    else:
+        _rope_tile(K, KO, b, (h - n_qh).to(tl.int64), rows64, cols, mask, skb, skh, sks, skob, skoh, skos,
+                   c1, c2, s1, s2, HALF=HALF)
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def out_like(x: torch.Tensor, alloc: Callable = torch.empty) -> torch.Tensor:
+    """A new tensor of ``x``'s shape and dtype, dense, in ``x``'s memory order (the strides of
+    ``x`` when ``x`` is dense, like ``torch.empty_like``); contiguous if the last dimension of ``x``
+    is not (the launch copies such an input). The last dimension always has stride 1."""
+    if x.stride(-1) != 1:
+        return alloc(tuple(x.shape), dtype=x.dtype, device=x.device)
+    n = x.dim()
+    strides = x.stride()
+    order = sorted(range(n - 1), key=lambda i: (-strides[i], i)) + [n - 1]  # outermost first
+    buf = alloc(tuple(x.shape[i] for i in order), dtype=x.dtype, device=x.device)
+    return buf.permute([order.index(i) for i in range(n)])
+
+
+def _last_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+def _launch(
+    a: torch.Tensor | None, b: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+    backward: bool, config: Resolved | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    a, b = _last_contiguous(a), _last_contiguous(b)
+    cos, sin = _last_contiguous(cos), _last_contiguous(sin)
+    ref = a if a is not None else b
+    batch, _, seq_len, head_dim = ref.shape
+    n_a = a.shape[1] if a is not None else 0
+    n_b = b.shape[1] if b is not None else 0
+    ao = out_like(a, _empty) if a is not None else None
+    bo = out_like(b, _empty) if b is not None else None
+    n_heads = n_a + n_b
+    if n_heads == 0 or seq_len == 0 or batch == 0:
+        return ao, bo
+    cfg = config or resolve("rope", device_info(ref), (head_dim, n_heads, seq_len), ref.dtype)
+    block_s = cfg.meta["BLOCK_S"]
+    n_sblocks = triton.cdiv(seq_len, block_s)
+    # A missing tensor (its gradient not needed) is replaced by the other; its heads are not visited.
+    qa, qao = (a, ao) if a is not None else (b, bo)
+    kb, kbo = (b, bo) if b is not None else (a, ao)
+    cb = cos.stride(0) if cos.shape[0] > 1 else 0
+    sb = sin.stride(0) if sin.shape[0] > 1 else 0
+    _rope_kernel[(batch * n_sblocks * n_heads,)](
+        qa, kb, qao, kbo, cos, sin,
+        qa.stride(0), qa.stride(1), qa.stride(2), kb.stride(0), kb.stride(1), kb.stride(2),
+        qao.stride(0), qao.stride(1), qao.stride(2), kbo.stride(0), kbo.stride(1), kbo.stride(2),
+        cb, cos.stride(1), sb, sin.stride(1),
+        n_a, n_heads, seq_len, n_sblocks,
+        BACKWARD=backward, HALF=head_dim // 2, BLOCK_H=next_pow2(head_dim // 2), **cfg.launch,
+    )
+    return ao, bo
+
+
+def rope_fwd(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, config: Resolved | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` and ``k`` (logical ``(batch, heads, seq, head_dim)``, same batch, seq and even
+    head_dim) by cos/sin ``(1 or batch, >= seq, head_dim)`` in one launch.
+
+    The problem key is ``(head_dim, q heads + k heads, seq)``; ``config`` overrides the resolved
+    launch config (the tuner and benchmarks use it). Returns new ``(q_embed, k_embed)``.
+    """
+    return _launch(q, k, cos, sin, False, config)
+
+
+def rope_bwd(
+    dq: torch.Tensor | None, dk: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+    config: Resolved | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of q and k from those of q_embed and k_embed (either may be None: not computed)."""
+    return _launch(dq, dk, cos, sin, True, config)
+
+
+# --------------------------------------------------------------------------- autograd
+# Eager calls take a plain autograd.Function (the cheapest path on the host). Under torch.compile
+# the same launches run inside a custom op, which is opaque to the compiler: no graph break.
+
+
+class _RopeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        qo, ko = rope_fwd(q, k, cos, sin)
+        ctx.save_for_backward(cos, sin)
+        ctx.set_materialize_grads(False)
+        return qo, ko
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        cos, sin = ctx.saved_tensors
+        dq = dq if ctx.needs_input_grad[0] else None
+        dk = dk if ctx.needs_input_grad[1] else None
+        dq, dk = rope_bwd(dq, dk, cos, sin)
+        return dq, dk, None, None
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable RoPE of logical ``(batch, heads, seq, head_dim)`` q and k (see the module doc)."""
+    if torch.compiler.is_compiling():
+        return rope_op(q, k, cos, sin)
+    return _RopeFunction.apply(q, k, cos, sin)
+
+
+@torch.library.custom_op("liger_portable::rope", mutates_args=())
+def rope_op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE of logical ``(batch, heads, seq, head_dim)`` q and k: ``(q_embed, k_embed)``."""
+    return rope_fwd(q, k, cos, sin)
+
+
+@rope_op.register_fake
+def _(q, k, cos, sin):
+    return out_like(q), out_like(k)
+
+
+@torch.library.custom_op("liger_portable::rope_backward", mutates_args=())
+def rope_backward_op(
+    dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return rope_bwd(dq, dk, cos, sin)
+
+
+@rope_backward_op.register_fake
+def _(dq, dk, cos, sin):
+    return out_like(dq), out_like(dk)
+
+
+def _setup_context(ctx, inputs, output):
+    _q, _k, cos, sin = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.out_meta = [(o.shape, o.dtype, o.device) for o in output]
+
+
+def _backward(ctx, dq, dk):
+    cos, sin = ctx.saved_tensors
+    # Gradients of unused outputs may arrive as None; the op takes tensors.
+    grads = [g if g is not None else torch.zeros(s, dtype=d, device=dev) for g, (s, d, dev) in zip((dq, dk), ctx.out_meta)]
+    dq, dk = rope_backward_op(grads[0], grads[1], cos, sin)
+    return dq, dk, None, None
+
+
+rope_op.register_autograd(_backward, setup_context=_setup_context)

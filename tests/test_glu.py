@@ -1,0 +1,503 @@
+"""SwiGLU / GeGLU: fallback, Triton kernels (interpreter with each vendor's configs; real GPU),
+both backward modes (out of place; in place over a and b), the MLP modules, API edges.
+
+Kernel checks compare against the fallback run in float64 on fresh random inputs (never zeros):
+the output and both gradients, with the dtype's tolerance (fp32 1e-5, bf16/fp16 1e-2). The
+fallback itself is checked against explicit float64 formulas and against torch's silu / gelu.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import liger_portable
+from liger_portable import fallback
+from liger_portable import functional as F
+from liger_portable import nn as lnn
+
+from conftest import TOL, rel_err
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ACTS = ["swiglu", "geglu"]
+_ids = {"dtype": lambda d: str(d).removeprefix("torch.")}
+
+
+def _inputs(shape, dtype, device="cpu", seed=0, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(shape, generator=g) * scale + 0.1).to(dtype)
+    b = (torch.randn(shape, generator=g) + 0.1).to(dtype)
+    dc = torch.randn(shape, generator=g).to(dtype)
+    return a.to(device), b.to(device), dc.to(device)
+
+
+def _reference(act, a, b, dc):
+    ad = a.detach().double().cpu().requires_grad_()
+    bd = b.detach().double().cpu().requires_grad_()
+    c = getattr(fallback, act)(ad, bd)
+    c.backward(dc.double().cpu())
+    return c.detach(), ad.grad, bd.grad
+
+
+def _run_and_compare(act, a, b, dc, inplace=False, copy=True):
+    """Forward + backward through the public API on leaf copies of a and b (``copy=False``: on a
+    and b themselves, which must require grad); checks against float64. Returns the tensors the
+    gradients were taken of, for further checks."""
+    ref = _reference(act, a, b, dc)  # before the call: an in-place backward overwrites a and b
+    if copy:
+        a, b = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    c = getattr(F, act)(a, b, inplace_backward=inplace)
+    assert c.dtype == a.dtype and c.shape == a.shape
+    c.backward(dc)
+    _assert_close(act, (c, a.grad, b.grad), ref, a.dtype)
+    return a, b
+
+
+def _assert_close(act, outs, refs, dtype):
+    tol = TOL[dtype]
+    for name, out, ref in zip(("c", "da", "db"), outs, refs):
+        assert out.dtype == dtype, (act, name, out.dtype)
+        err = rel_err(out, ref)
+        assert err <= tol, (act, name, err)
+
+
+# --------------------------------------------------------------------------- fallback (CPU path)
+
+
+def _silu64(a):
+    return a / (1 + torch.exp(-a))
+
+
+def _gelu_tanh64(a):
+    return 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)))
+
+
+def _dsilu64(a):
+    s = 1 / (1 + torch.exp(-a))
+    return s + a * s * (1 - s)
+
+
+def _dgelu_tanh64(a):
+    k = math.sqrt(2 / math.pi)
+    t = torch.tanh(k * (a + 0.044715 * a**3))
+    return 0.5 * (1 + t) + 0.5 * a * (1 - t * t) * k * (1 + 3 * 0.044715 * a * a)
+
+
+FORMULAS = {"swiglu": (_silu64, _dsilu64), "geglu": (_gelu_tanh64, _dgelu_tanh64)}
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_fallback_float64_is_the_formula(act):
+    """Forward and both gradients against the activation and its derivative written out."""
+    a, b, dc = _inputs((7, 33), torch.float64, scale=3.0)
+    f, df = FORMULAS[act]
+    c, da, db = _reference(act, a, b, dc)
+    assert rel_err(c, f(a) * b) <= 1e-13
+    assert rel_err(da, dc * b * df(a)) <= 1e-13
+    assert rel_err(db, dc * f(a)) <= 1e-13
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids["dtype"])
+def test_fallback_is_torch_activation(dtype):
+    """In every dtype the CPU path is ``silu(a) * b`` / ``gelu(a, approximate="tanh") * b`` bit for
+    bit (Hugging Face's LlamaMLP / GemmaMLP product), with the same gradients."""
+    a, b, dc = _inputs((5, 64), dtype)
+    torch_fns = {
+        "swiglu": lambda a, b: torch.nn.functional.silu(a) * b,
+        "geglu": lambda a, b: torch.nn.functional.gelu(a, approximate="tanh") * b,
+    }
+    for act, fn in torch_fns.items():
+        outs = []
+        for f in (getattr(F, act), fn):
+            a1, b1 = a.clone().requires_grad_(), b.clone().requires_grad_()
+            c = f(a1, b1)
+            c.backward(dc)
+            outs.append((c, a1.grad, b1.grad))
+        for x, y in zip(*outs):
+            assert torch.equal(x, y), act
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids["dtype"])
+@pytest.mark.parametrize("shape", [(1, 7), (3, 5, 96), (17, 4097)])
+def test_fallback_matches_float64(shape, dtype, act):
+    a, b, dc = _inputs(shape, dtype)
+    _run_and_compare(act, a, b, dc)
+    _run_and_compare(act, a, b, dc, inplace=True)  # the fallback keeps a and b; the result is the same
+
+
+def test_float64_runs_fallback():
+    a, b, dc = _inputs((3, 10), torch.float64)
+    for act in ACTS:
+        c = getattr(F, act)(a, b)
+        assert c.dtype == torch.float64 and rel_err(c, _reference(act, a, b, dc)[0]) <= 1e-15
+
+
+def test_empty_and_scalar():
+    for act in ACTS:
+        assert getattr(F, act)(torch.empty(0, 8), torch.empty(0, 8)).shape == (0, 8)
+        a, b = torch.tensor(0.7), torch.tensor(-1.3)
+        assert rel_err(getattr(F, act)(a, b), getattr(fallback, act)(a.double(), b.double())) <= 1e-6
+
+
+def test_nan_stays_in_its_element():
+    a, b, _ = _inputs((3, 16), torch.float32)
+    a[1, 4] = float("nan")
+    for act in ACTS:
+        c = getattr(F, act)(a, b)
+        assert torch.isnan(c[1, 4]) and torch.isfinite(c).sum() == c.numel() - 1
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_integer_inputs_name_the_argument(act):
+    fn = getattr(F, act)
+    with pytest.raises(TypeError, match=r"^a must be a floating-point tensor"):
+        fn(torch.ones(2, 4, dtype=torch.int64), torch.ones(2, 4))
+    with pytest.raises(TypeError, match=r"^b must be a floating-point tensor"):
+        fn(torch.ones(2, 4), torch.ones(2, 4, dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"^b must be a torch.Tensor"):
+        fn(torch.ones(2, 4), [1.0])
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_mismatches_name_the_argument(act):
+    fn = getattr(F, act)
+    with pytest.raises(ValueError, match=r"^b must have the shape of a \(2, 4\).*got \(4,\)"):
+        fn(torch.ones(2, 4), torch.ones(4))
+    with pytest.raises(TypeError, match=r"^b has dtype torch.float16 but a has torch.float32"):
+        fn(torch.ones(2, 4), torch.ones(2, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"^b is on meta but a is on cpu"):
+        fn(torch.ones(2, 4), torch.ones(2, 4, device="meta"))
+    with pytest.raises(TypeError, match=r"^inplace_backward must be True or False"):
+        fn(torch.ones(2, 4), torch.ones(2, 4), inplace_backward=1)
+
+
+# --------------------------------------------------------------------------- in-place safety (host logic)
+
+
+def test_can_write_in_place():
+    from liger_portable.ops.glu import can_write_in_place
+
+    y = torch.empty(6, 20)
+    assert can_write_in_place(y[:, :10], y[:, 10:])  # fused gate/up halves
+    assert can_write_in_place(y[:3], y[3:])
+    assert can_write_in_place(torch.empty(4, 5), torch.empty(4, 5))
+    assert not can_write_in_place(y, y)
+    assert not can_write_in_place(y[:, :10], y[:, 5:15])  # shifted slices share elements
+    assert not can_write_in_place(y[:, 1:11], y[:, 10:20])
+    assert not can_write_in_place(torch.empty(1, 8).expand(4, 8), torch.empty(4, 8))  # a row read 4 times
+    z = torch.empty(40)
+    assert not can_write_in_place(z[:30].view(3, 10), z[5:35].view(3, 10))
+
+
+# --------------------------------------------------------------------------- modules
+
+
+def _config(hidden=24, inter=40, **kw):
+    return SimpleNamespace(hidden_size=hidden, intermediate_size=inter, **kw)
+
+
+class HandLlamaMLP(torch.nn.Module):
+    """Hugging Face's LlamaMLP (GemmaMLP with gelu_pytorch_tanh), written out."""
+
+    def __init__(self, hidden, inter, bias, act):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = torch.nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = torch.nn.Linear(inter, hidden, bias=bias)
+        self.act_fn = torch.nn.SiLU() if act == "swiglu" else torch.nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+MODULES = {"swiglu": lnn.SwiGLUMLP, "geglu": lnn.GEGLUMLP}
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("act", ACTS)
+def test_module_is_hf_mlp_drop_in(act, bias):
+    cfg = _config(mlp_bias=bias) if bias else _config()
+    m = MODULES[act](cfg)
+    assert (m.hidden_size, m.intermediate_size) == (24, 40)
+    for name, (i, o) in {"gate_proj": (24, 40), "up_proj": (24, 40), "down_proj": (40, 24)}.items():
+        lin = getattr(m, name)
+        assert type(lin) is torch.nn.Linear and (lin.in_features, lin.out_features) == (i, o)
+        assert (lin.bias is not None) == bias
+    hand = HandLlamaMLP(24, 40, bias, act)
+    assert list(m.state_dict()) == list(hand.state_dict())
+    hand.load_state_dict(m.state_dict())
+    _compare_modules(m, hand, torch.float32, tol=1e-6)
+
+
+def _compare_modules(m, hand, dtype, tol):
+    """Forward and backward (input and every parameter) of ``m`` against ``hand``, same weights."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 5, m.hidden_size, generator=g) * 2).to(dtype)
+    dy = torch.randn(2, 5, m.hidden_size, generator=g).to(dtype)
+    outs = []
+    for mod in (m, hand):
+        xi = x.clone().requires_grad_()
+        y = mod(xi)
+        y.backward(dy)
+        outs.append((y, xi.grad, *(p.grad for p in mod.parameters())))
+    for name, got, want in zip(("y", "dx", *dict(m.named_parameters())), *outs):
+        assert rel_err(got, want) <= tol, (name, rel_err(got, want))
+
+
+def test_module_checks_the_activation():
+    lnn.SwiGLUMLP(_config(hidden_act="silu"))
+    lnn.GEGLUMLP(_config(hidden_act="gelu", hidden_activation="gelu_pytorch_tanh"))
+    with pytest.raises(ValueError, match=r"config.hidden_act is 'gelu_pytorch_tanh' but SwiGLUMLP computes 'silu'"):
+        lnn.SwiGLUMLP(_config(hidden_act="gelu_pytorch_tanh"))
+    with pytest.raises(ValueError, match=r"config.hidden_act is 'gelu' but GEGLUMLP computes 'gelu_pytorch_tanh'"):
+        lnn.GEGLUMLP(_config(hidden_act="gelu"))
+
+
+# --------------------------------------------------------------------------- torch.compile (CPU path)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_compile_fullgraph_cpu(act):
+    a, b, dc = _inputs((5, 40), torch.float32)
+    ref = _reference(act, a, b, dc)
+    a.requires_grad_()
+    b.requires_grad_()
+    fn = torch.compile(getattr(F, act), fullgraph=True, backend="aot_eager")
+    c = fn(a, b, inplace_backward=True)
+    c.backward(dc)
+    _assert_close(act, (c, a.grad, b.grad), ref, torch.float32)
+
+
+# --------------------------------------------------------------------------- Triton interpreter, every vendor's configs
+
+# Odd sizes; one row; rows that straddle BLOCK_M; columns that straddle every table's BLOCK_N
+# (1024 and 2048) and need the column clamp (37); a 3-D input.
+KERNEL_SHAPES = [(1, 37), (19, 200), (6, 1025), (3, 2049), (2, 3, 130)]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids["dtype"])
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter(simulated_device, poison, shape, dtype, act):
+    a, b, dc = _inputs(shape, dtype, seed=sum(shape))
+    # Each shape runs both backward modes across the dtypes (one per test, to keep CI time short).
+    inplace = (KERNEL_SHAPES.index(shape) + DTYPES.index(dtype)) % 2 == 1
+    _run_and_compare(act, a, b, dc, inplace=inplace)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_backward_modes(simulated_device, poison, act):
+    """Default: a and b are intact after the backward. In place: they hold da and db (no copy)."""
+    a0, b0, dc = _inputs((9, 300), torch.bfloat16)
+    a, b = _run_and_compare(act, a0, b0, dc, inplace=False)
+    assert torch.equal(a.detach(), a0) and torch.equal(b.detach(), b0)
+    a, b = _run_and_compare(act, a0, b0, dc, inplace=True)
+    assert torch.equal(a.detach(), a.grad) and torch.equal(b.detach(), b.grad)
+    assert a.grad.data_ptr() == a.data_ptr() and b.grad.data_ptr() == b.data_ptr()
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_inplace_backward_once(simulated_device):
+    a, b, dc = _inputs((4, 64), torch.float32)
+    a.requires_grad_()
+    c = F.swiglu(a, b, inplace_backward=True)
+    c.backward(dc, retain_graph=True)
+    with pytest.raises(RuntimeError, match=r"inplace_backward=True can run backward only once"):
+        c.backward(dc)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_inplace_bumps_version(simulated_device):
+    """Another node that saved a fails loudly instead of reading the gradient written over it."""
+    a, b, dc = _inputs((4, 64), torch.float32)
+    w = torch.randn(4, 64, requires_grad=True)
+    a = a.requires_grad_() * 1.0  # non-leaf
+    p = a * w  # saves a for w's gradient; created first, so its backward runs after swiglu's
+    c = F.swiglu(a, b, inplace_backward=True) + p
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation"):
+        c.backward(dc)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_fused_halves_no_copy(simulated_device, poison, act):
+    """a and b as the two halves of one (rows, 2n) gate/up buffer: read with their row stride, no
+    copy. In place, the gradients land in that buffer, which proves nothing was copied."""
+    n = 150
+    y0, _, _ = _inputs((7, 2 * n), torch.float32, scale=1.5)
+    dc = torch.randn(7, n)
+    for inplace in (False, True):
+        y = y0.clone()
+        a, b = y[:, :n].requires_grad_(), y[:, n:].requires_grad_()
+        assert a.stride() == (2 * n, 1)
+        a, b = _run_and_compare(act, a, b, dc, inplace=inplace, copy=False)
+        if inplace:
+            assert torch.equal(y[:, :n], a.grad) and torch.equal(y[:, n:], b.grad)
+        else:
+            assert torch.equal(y, y0)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_aliased_inputs(simulated_device, poison, act):
+    """swiglu(x, x): in place is dropped (a and b share every element); the gradient is da + db."""
+    x, _, dc = _inputs((5, 70), torch.float32)
+    ref_c, ref_da, ref_db = _reference(act, x, x, dc)
+    x = x.clone().requires_grad_()
+    x0 = x.detach().clone()
+    c = getattr(F, act)(x, x, inplace_backward=True)
+    c.backward(dc)
+    assert rel_err(c, ref_c) <= 1e-5 and rel_err(x.grad, ref_da + ref_db) <= 1e-5
+    assert torch.equal(x.detach(), x0)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_non_contiguous(simulated_device, poison):
+    """A transposed a (last dim not contiguous: copied) and a non-contiguous upstream gradient."""
+    a = torch.randn(40, 9).t()
+    b = torch.randn(9, 40)
+    dc = torch.randn(40, 9).t()
+    for act in ACTS:
+        _run_and_compare(act, a, b, dc)
+        _run_and_compare(act, a, b, dc, inplace=True)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_large_inputs(simulated_device, poison, act):
+    """Saturated activations (|a| up to 200: exp overflows to inf in fp32) stay finite and exact."""
+    a = torch.linspace(-200, 200, 7 * 64).view(7, 64)
+    b, dc = torch.randn(7, 64), torch.randn(7, 64)
+    with warnings.catch_warnings():
+        # The interpreter runs exp in numpy, which warns on the overflow to inf (the intended value).
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _run_and_compare(act, a, b, dc)
+        _run_and_compare(act, a, b, dc, inplace=True)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_module(simulated_device, poison, act):
+    m = MODULES[act](_config(hidden=32, inter=72, mlp_bias=True))
+    hand = HandLlamaMLP(32, 72, True, act)
+    hand.load_state_dict(m.state_dict())
+    _compare_modules(m, hand, torch.float32, tol=1e-5)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_compile_fullgraph(simulated_device, act):
+    """The kernel path is a pair of custom ops: torch.compile(fullgraph=True) traces it without a break."""
+    a, b, dc = _inputs((4, 96), torch.float32)
+    ref = _reference(act, a, b, dc)
+    a.requires_grad_()
+    b.requires_grad_()
+    fn = torch.compile(getattr(F, act), fullgraph=True, backend="aot_eager")
+    c = fn(a, b, inplace_backward=True)
+    c.backward(dc)
+    _assert_close(act, (c, a.grad, b.grad), ref, torch.float32)
+
+
+# --------------------------------------------------------------------------- real GPU
+
+
+def _gpu():
+    return torch.device(liger_portable.platform().torch_device_type, 0)
+
+
+GPU_SHAPES = [(1, 37), (333, 1000), (2048, 4096), (257, 14336), (64, 28672), (7, 70001)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids["dtype"])
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_gpu(poison, shape, dtype, act):
+    a, b, dc = _inputs(shape, dtype, device=_gpu(), seed=sum(shape))
+    inplace = (GPU_SHAPES.index(shape) + DTYPES.index(dtype)) % 2 == 1  # both modes per shape
+    a1, b1 = _run_and_compare(act, a, b, dc, inplace=inplace)
+    if not inplace:
+        assert torch.equal(a1.detach(), a) and torch.equal(b1.detach(), b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_gpu_fused_halves_and_3d(act):
+    dev = _gpu()
+    y, _, _ = _inputs((4, 513, 2 * 4096), torch.bfloat16, device=dev)
+    dc = torch.randn(4, 513, 4096, device=dev, dtype=torch.bfloat16)
+    a, b = y[..., :4096].requires_grad_(), y[..., 4096:].requires_grad_()
+    _run_and_compare(act, a, b, dc, inplace=True, copy=False)
+    assert torch.equal(y[..., :4096], a.grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_gpu_inplace_memory(act):
+    """In place, forward + backward needs the output and nothing more (the 450 MiB goal at
+    16384 x 14336, scaled down); out of place it also allocates da and db."""
+    dev = _gpu()
+    a0, b0, dc = _inputs((4096, 14336), torch.bfloat16, device=dev)
+    size = a0.numel() * a0.element_size()
+    for inplace, budget in ((True, 1.02 * size), (False, 3.02 * size)):
+        a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        getattr(F, act)(a, b, inplace_backward=inplace).backward(dc)
+        torch.cuda.synchronize()
+        assert torch.cuda.max_memory_allocated() - base <= budget, (inplace, torch.cuda.max_memory_allocated() - base)
+        del a, b
+
+
+@pytest.mark.gpu
+def test_kernel_gpu_beyond_int32_offsets():
+    """More than 2**31 elements: the last rows must be right (int64 row offsets)."""
+    dev = _gpu()
+    n_cols = 14336
+    n_rows = 2**31 // n_cols + 5
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(n_rows, n_cols, device=dev, dtype=torch.bfloat16, generator=g)
+    b = torch.randn(n_rows, n_cols, device=dev, dtype=torch.bfloat16, generator=g)
+    dc = torch.randn(n_rows, n_cols, device=dev, dtype=torch.bfloat16, generator=g)
+    tail = slice(n_rows - 7, n_rows)
+    for act in ACTS:
+        ref = _reference(act, a[tail], b[tail], dc[tail])
+        a1, b1 = a.clone().requires_grad_(), b.clone().requires_grad_()
+        c = getattr(F, act)(a1, b1, inplace_backward=True)
+        c.backward(dc)
+        _assert_close(act, (c[tail], a1.grad[tail], b1.grad[tail]), ref, torch.bfloat16)
+        del a1, b1, c
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ACTS)
+def test_module_gpu(act):
+    dev = _gpu()
+    m = MODULES[act](_config(hidden=256, inter=704)).to(dev)
+    hand = HandLlamaMLP(256, 704, False, act).to(dev)
+    hand.load_state_dict(m.state_dict())
+    _compare_modules(m, hand, torch.float32, tol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ACTS)
+def test_compile_fullgraph_gpu(act):
+    a, b, dc = _inputs((64, 512), torch.bfloat16, device=_gpu())
+    ref = _reference(act, a, b, dc)
+    a.requires_grad_()
+    b.requires_grad_()
+    fn = torch.compile(getattr(F, act), fullgraph=True)
+    c = fn(a, b, inplace_backward=True)
+    c.backward(dc)
+    _assert_close(act, (c, a.grad, b.grad), ref, torch.bfloat16)

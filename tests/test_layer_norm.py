@@ -1,0 +1,424 @@
+"""LayerNorm: fallback, Triton kernels (interpreter with each vendor's configs; real GPU), API edges.
+
+Every check compares against the fallback run in float64 on fresh random inputs (never zeros),
+forward and all gradients (x, weight, bias), with the dtype's tolerance (fp32 1e-5, bf16/fp16
+1e-2); the fallback itself is checked against ``torch.nn.functional.layer_norm``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import liger_portable
+from liger_portable import fallback
+from liger_portable import functional as F
+from liger_portable import nn as lnn
+
+from conftest import TOL, rel_err
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+EPS = 1e-5
+
+
+def _inputs(shape, dtype, device="cpu", seed=0, bias=True, loc=0.3):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 2 + loc).to(dtype)
+    w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype)
+    b = torch.randn(shape[-1], generator=g).to(dtype) if bias else None
+    dy = torch.randn(shape, generator=g).to(dtype)
+    return x.to(device), w.to(device), (None if b is None else b.to(device)), dy.to(device)
+
+
+def _leaf(t):
+    return None if t is None else t.detach().double().cpu().requires_grad_()
+
+
+def _reference(x, w, b, dy, eps):
+    xd, wd, bd = _leaf(x), _leaf(w), _leaf(b)
+    y = fallback.layer_norm(xd, wd, bd, eps)
+    y.backward(dy.double().cpu())
+    return y, xd.grad, wd.grad, (None if bd is None else bd.grad)
+
+
+def _check(y, x, w, b, dy, eps, tol):
+    ry, rdx, rdw, rdb = _reference(x, w, b, dy, eps)
+    assert rel_err(y, ry) <= tol, ("y", rel_err(y, ry))
+    assert rel_err(x.grad, rdx) <= tol, ("dx", rel_err(x.grad, rdx))
+    assert rel_err(w.grad, rdw) <= tol, ("dw", rel_err(w.grad, rdw))
+    if b is not None:
+        assert rel_err(b.grad, rdb) <= tol, ("db", rel_err(b.grad, rdb))
+
+
+def _run_and_compare(x, w, b, dy, dtype, eps=EPS):
+    x = x.clone().requires_grad_()
+    w = w.clone().requires_grad_()
+    b = None if b is None else b.clone().requires_grad_()
+    y = F.layer_norm(x, w, b, eps)
+    assert y.dtype == dtype and y.shape == x.shape
+    y.backward(dy)
+    _check(y, x, w, b, dy, eps, TOL[dtype])
+    assert w.grad.dtype == w.dtype and w.grad.shape == w.shape
+    if b is not None:
+        assert b.grad.dtype == b.dtype and b.grad.shape == b.shape
+
+
+# --------------------------------------------------------------------------- fallback (CPU path)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("shape", [(1, 7), (3, 5, 96), (17, 4097)])
+def test_fallback_matches_float64(shape, dtype, bias):
+    x, w, b, dy = _inputs(shape, dtype, bias=bias)
+    _run_and_compare(x, w, b, dy, dtype)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_fallback_float64_is_torch_layer_norm(bias):
+    """In float64 the fallback and torch.nn.functional.layer_norm agree to rounding, gradients too."""
+    x, w, b, dy = _inputs((6, 3, 77), torch.float64, bias=bias)
+    ours = [t.clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+    theirs = [t.detach().clone().requires_grad_() for t in ours]
+    fallback.layer_norm(ours[0], ours[1], ours[2] if bias else None, EPS).backward(dy)
+    ref = torch.nn.functional.layer_norm(theirs[0], (77,), theirs[1], theirs[2] if bias else None, EPS)
+    ref.backward(dy)
+    assert rel_err(fallback.layer_norm(x, w, b, EPS), ref) <= 1e-13
+    for a, t in zip(ours, theirs):
+        assert rel_err(a.grad, t.grad) <= 1e-13
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fallback_low_precision_close_to_torch(dtype):
+    """In fp32 / bf16 / fp16 both compute in fp32 and cast once: within the dtype's tolerance."""
+    x, w, b, _ = _inputs((5, 300), dtype)
+    ref = torch.nn.functional.layer_norm(x, (300,), w, b, EPS)
+    assert rel_err(fallback.layer_norm(x, w, b, EPS), ref) <= TOL[dtype]
+
+
+def test_float64_runs_fallback():
+    x, w, b, dy = _inputs((3, 10), torch.float64)
+    _run_and_compare(x, w, b, dy, torch.float64)
+
+
+def test_nan_in_nan_out_only_in_that_row():
+    x, w, b, _ = _inputs((3, 16), torch.float32)
+    x[1, 4] = float("nan")
+    y = F.layer_norm(x, w, b)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
+
+
+def test_empty_input():
+    y = F.layer_norm(torch.empty(0, 8), torch.ones(8), torch.zeros(8))
+    assert y.shape == (0, 8)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_integer_input_names_x():
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor"):
+        F.layer_norm(torch.ones(2, 4, dtype=torch.int64), torch.ones(4))
+
+
+def test_integer_weight_names_weight():
+    with pytest.raises(TypeError, match=r"weight must be a floating-point tensor"):
+        F.layer_norm(torch.ones(2, 4), torch.ones(4, dtype=torch.int32))
+
+
+def test_integer_bias_names_bias():
+    with pytest.raises(TypeError, match=r"bias must be a floating-point tensor"):
+        F.layer_norm(torch.ones(2, 4), torch.ones(4), torch.zeros(4, dtype=torch.int64))
+
+
+def test_missing_weight():
+    with pytest.raises(TypeError, match=r"weight is required"):
+        F.layer_norm(torch.ones(2, 4), None)
+
+
+def test_weight_size_mismatch():
+    with pytest.raises(ValueError, match=r"weight must have shape \(4,\)"):
+        F.layer_norm(torch.ones(2, 4), torch.ones(5))
+
+
+def test_bias_size_mismatch():
+    with pytest.raises(ValueError, match=r"bias must have shape \(4,\)"):
+        F.layer_norm(torch.ones(2, 4), torch.ones(4), torch.zeros(2, 4))
+
+
+def test_scalar_input():
+    with pytest.raises(ValueError, match=r"x must have at least one dimension"):
+        F.layer_norm(torch.tensor(1.0), torch.ones(1))
+
+
+def test_negative_eps():
+    with pytest.raises(ValueError, match=r"eps must be a non-negative number"):
+        F.layer_norm(torch.ones(2, 4), torch.ones(4), eps=-1.0)
+
+
+def test_devices_differ():
+    with pytest.raises(ValueError, match=r"weight is on meta but x is on cpu"):
+        F.layer_norm(torch.ones(2, 4), torch.ones(4, device="meta"))
+    with pytest.raises(ValueError, match=r"bias is on meta but x is on cpu"):
+        F.layer_norm(torch.ones(2, 4), torch.ones(4), torch.zeros(4, device="meta"))
+
+
+# --------------------------------------------------------------------------- module
+
+
+def test_module_is_torch_layer_norm_drop_in():
+    torch.manual_seed(0)
+    ours, theirs = lnn.LayerNorm(48, eps=1e-6), torch.nn.LayerNorm(48, eps=1e-6)
+    assert isinstance(ours, torch.nn.LayerNorm)
+    assert ours.normalized_shape == theirs.normalized_shape == (48,)
+    assert (ours.eps, ours.elementwise_affine) == (theirs.eps, theirs.elementwise_affine)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == ["weight", "bias"]
+    assert torch.equal(ours.weight, torch.ones(48)) and torch.equal(ours.bias, torch.zeros(48))
+    with torch.no_grad():
+        theirs.weight.uniform_(0.5, 1.5)
+        theirs.bias.normal_()
+    ours.load_state_dict(theirs.state_dict())
+    x, _, _, _ = _inputs((2, 3, 48), torch.float32)
+    assert rel_err(ours(x), theirs(x)) <= 1e-5
+    assert repr(ours) == repr(theirs)
+
+
+def test_module_variants():
+    x, _, _, _ = _inputs((4, 16), torch.float32)
+    nobias = lnn.LayerNorm((16,), bias=False)
+    assert nobias.bias is None and list(nobias.state_dict()) == ["weight"]
+    ref = torch.nn.functional.layer_norm(x, (16,), nobias.weight)
+    assert rel_err(nobias(x), ref) <= 1e-5
+    plain = lnn.LayerNorm(16, elementwise_affine=False)
+    assert plain.weight is None and list(plain.state_dict()) == []
+    assert rel_err(plain(x), torch.nn.functional.layer_norm(x, (16,))) <= 1e-5
+    half = lnn.LayerNorm(16, dtype=torch.bfloat16)
+    assert half.weight.dtype == torch.bfloat16 and half(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_module_rejects_several_dims():
+    with pytest.raises(ValueError, match=r"normalized_shape must be an int or a 1-tuple"):
+        lnn.LayerNorm((4, 8))
+
+
+# --------------------------------------------------------------------------- torch.compile (CPU path)
+
+
+def test_compile_fullgraph_cpu():
+    x, w, b, dy = _inputs((5, 40), torch.float32)
+    x, w, b = x.requires_grad_(), w.requires_grad_(), b.requires_grad_()
+    fn = torch.compile(F.layer_norm, fullgraph=True, backend="aot_eager")
+    y = fn(x, w, b, EPS)
+    y.backward(dy)
+    _check(y, x, w, b, dy, EPS, 1e-5)
+
+
+# --------------------------------------------------------------------------- Triton interpreter, every vendor's configs
+
+# Odd sizes; rows that straddle BLOCK_M; one row; rows longer than every table's BLOCK_N_MAX
+# (looped path) and longer than 65536.
+KERNEL_SHAPES = [(1, 37), (19, 200), (6, 1000), (3, 4096), (2, 20000), (1, 70001)]
+
+
+# Every shape and dtype with a bias; without one (the other constexpr branch) in bf16 over every
+# shape but the longest (kept to the CI budget).
+KERNEL_CASES = [(s, d, True) for s in KERNEL_SHAPES for d in DTYPES] + [
+    (s, torch.bfloat16, False) for s in KERNEL_SHAPES[:-1]
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize(
+    "shape,dtype,bias", KERNEL_CASES,
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else (
+        str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else ("bias" if v else "nobias")),
+)
+def test_kernel_interpreter(simulated_device, poison, shape, dtype, bias):
+    x, w, b, dy = _inputs(shape, dtype, seed=sum(shape), bias=bias)
+    _run_and_compare(x, w, b, dy, dtype)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("shape", [(5, 300), (2, 20000)], ids=["registers", "looped"])
+def test_kernel_interpreter_large_mean(simulated_device, poison, shape):
+    """Mean 50 x the spread: a variance taken as E[x**2] - mean**2 loses about 1e-4 to cancellation
+    in fp32; the centred variance keeps the fp32 tolerance. (Far larger offsets exceed 1e-5 for any
+    fp32 implementation, torch's included: the fp32 mean itself rounds at that scale.)"""
+    x, w, b, dy = _inputs(shape, torch.float32, loc=100.0)
+    _run_and_compare(x, w, b, dy, torch.float32)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_strided_input(simulated_device, poison):
+    """Row stride larger than the row (a column slice) and a transposed (non-unit stride) input."""
+    base, w, b, _ = _inputs((9, 300), torch.float32)
+    x = base[:, :250]
+    assert x.stride() == (300, 1)
+    _run_and_compare(x, w[:250].contiguous(), b[:250].contiguous(), torch.randn(9, 250), torch.float32)
+    xt = torch.randn(64, 7).t()  # stride (1, 7)
+    _run_and_compare(xt, w[:64].contiguous(), None, torch.randn(7, 64).t().contiguous().t(), torch.float32)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_kernel_interpreter_looped_multirow_config(poison, bias):
+    """Explicit configs (as the tuner passes them): several rows per program on the looped path,
+    rows and columns that straddle the blocks."""
+    from liger_portable._configs import make_resolved
+    from liger_portable._dispatch import simulate
+    from liger_portable.ops import layer_norm as ops
+
+    from conftest import SIMULATED_DEVICES
+
+    x, w, b, dy = _inputs((7, 300), torch.float16, bias=bias)
+    fwd = make_resolved("layer_norm_fwd", {"num_warps": 2, "BLOCK_M": 4, "BLOCK_N_MAX": 128})
+    bwd = make_resolved("layer_norm_bwd", {"num_warps": 2, "BLOCK_M": 2, "BLOCK_N_MAX": 128, "PROGRAMS_PER_CU": 1})
+    with simulate(SIMULATED_DEVICES["rocm-rdna"]):
+        y, mean, rstd = ops.layer_norm_fwd(x, w, b, EPS, config=fwd)
+        dx, dw, db = ops.layer_norm_bwd(dy, x, w, b, mean, rstd, config=bwd)
+    ry, rdx, rdw, rdb = _reference(x, w, b, dy, EPS)
+    assert rel_err(y, ry) <= 1e-2 and rel_err(dx, rdx) <= 1e-2 and rel_err(dw, rdw) <= 1e-2
+    assert db is None if b is None else rel_err(db, rdb) <= 1e-2
+    xd = x.double()
+    assert rel_err(mean, xd.mean(-1)) <= 1e-6
+    assert rel_err(rstd, torch.rsqrt(xd.var(-1, unbiased=False) + EPS)) <= 1e-6
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_expanded_grad(simulated_device, poison):
+    """``y.sum().backward()`` hands the backward a stride-0 gradient."""
+    x, w, b, _ = _inputs((5, 70), torch.float32)
+    x, w, b = x.requires_grad_(), w.requires_grad_(), b.requires_grad_()
+    y = F.layer_norm(x, w, b)
+    y.sum().backward()
+    _check(y, x, w, b, torch.ones(5, 70), EPS, 1e-5)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_3d_and_param_dtype(simulated_device, poison):
+    """A (batch, seq, hidden) input, and fp32 weight and bias with a bf16 input (mixed precision)."""
+    x, _, _, dy = _inputs((2, 3, 130), torch.bfloat16)
+    w, b = torch.rand(130) + 0.5, torch.randn(130)
+    _run_and_compare(x, w, b, dy, torch.bfloat16)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_matches_torch(simulated_device, poison):
+    """The kernels against torch.nn.functional.layer_norm (fp32, autograd on both)."""
+    x, w, b, dy = _inputs((7, 333), torch.float32, seed=3)
+    ours = [t.clone().requires_grad_() for t in (x, w, b)]
+    theirs = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = F.layer_norm(*ours, 1e-6)
+    y.backward(dy)
+    ref = torch.nn.functional.layer_norm(theirs[0], (333,), theirs[1], theirs[2], 1e-6)
+    ref.backward(dy)
+    assert rel_err(y, ref) <= 1e-5
+    for a, t in zip(ours, theirs):
+        assert rel_err(a.grad, t.grad) <= 1e-5
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_module(simulated_device, poison):
+    m = lnn.LayerNorm(96)
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+        m.bias.normal_()
+    x, _, _, dy = _inputs((4, 96), torch.float32, seed=5)
+    x.requires_grad_()
+    m(x).backward(dy)
+    _check(m(x), x, m.weight, m.bias, dy, m.eps, 1e-5)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_kernel_interpreter_compile_fullgraph(simulated_device, bias):
+    """The kernel path is a custom op: torch.compile(fullgraph=True) traces it without a break."""
+    x, w, b, dy = _inputs((4, 96), torch.float32, bias=bias)
+    x, w = x.requires_grad_(), w.requires_grad_()
+    if b is not None:
+        b.requires_grad_()
+    fn = torch.compile(F.layer_norm, fullgraph=True, backend="aot_eager")
+    y = fn(x, w, b, EPS)
+    y.backward(dy)
+    _check(y, x, w, b, dy, EPS, 1e-5)
+
+
+# --------------------------------------------------------------------------- real GPU
+
+
+def _gpu():
+    return torch.device(liger_portable.platform().torch_device_type, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 37), (333, 1000), (2048, 4096), (257, 5120), (64, 8192), (7, 20000), (3, 70001), (4, 131072)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_kernel_gpu(poison, shape, dtype, bias):
+    x, w, b, dy = _inputs(shape, dtype, device=_gpu(), seed=sum(shape), bias=bias)
+    _run_and_compare(x, w, b, dy, dtype)
+
+
+@pytest.mark.gpu
+def test_kernel_gpu_large_mean(poison):
+    x, w, b, dy = _inputs((64, 70001), torch.float32, device=_gpu(), loc=100.0)
+    _run_and_compare(x, w, b, dy, torch.float32)
+    x, w, b, dy = _inputs((300, 4096), torch.float32, device=_gpu(), loc=100.0)
+    _run_and_compare(x, w, b, dy, torch.float32)
+
+
+@pytest.mark.gpu
+def test_kernel_gpu_strided_and_mixed():
+    dev = _gpu()
+    base, w, b, _ = _inputs((513, 4096 + 64), torch.bfloat16, device=dev)
+    x = base[:, :4096]
+    dy = torch.randn(513, 4096, device=dev, dtype=torch.bfloat16).t().contiguous().t()  # non-unit stride grad
+    _run_and_compare(x, w[:4096].contiguous(), b[:4096].contiguous(), dy, torch.bfloat16)
+    _run_and_compare(x, w[:4096].float(), b[:4096].float(), dy, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_kernel_gpu_matches_torch():
+    x, w, b, dy = _inputs((1024, 2880), torch.bfloat16, device=_gpu())
+    ours = [t.clone().requires_grad_() for t in (x, w, b)]
+    theirs = [t.clone().requires_grad_() for t in (x, w, b)]
+    F.layer_norm(*ours).backward(dy)
+    torch.nn.functional.layer_norm(theirs[0], (2880,), theirs[1], theirs[2]).backward(dy)
+    for a, t in zip(ours, theirs):
+        assert rel_err(a.grad, t.grad) <= 1e-2
+
+
+@pytest.mark.gpu
+def test_kernel_gpu_beyond_int32_offsets():
+    """More than 2**31 elements: the last rows must be right (int64 row offsets)."""
+    dev = _gpu()
+    n_cols = 4096
+    n_rows = 2**31 // n_cols + 5
+    x = torch.randn(n_rows, n_cols, device=dev, dtype=torch.bfloat16)
+    w = (torch.rand(n_cols, device=dev) + 0.5).to(torch.bfloat16)
+    b = torch.randn(n_cols, device=dev).to(torch.bfloat16)
+    y = F.layer_norm(x, w, b)
+    tail = slice(n_rows - 7, n_rows)
+    ref = fallback.layer_norm(x[tail].double(), w.double(), b.double(), EPS)
+    assert rel_err(y[tail], ref) <= 1e-2
+    del y
+    x.requires_grad_()
+    dy = torch.randn_like(x)
+    F.layer_norm(x, w, b).backward(dy)
+    xd = x[tail].detach().double().requires_grad_()
+    fallback.layer_norm(xd, w.double(), b.double(), EPS).backward(dy[tail].double())
+    assert rel_err(x.grad[tail], xd.grad) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_compile_fullgraph_gpu(bias):
+    dev = _gpu()
+    x, w, b, dy = _inputs((64, 512), torch.bfloat16, device=dev, bias=bias)
+    x, w = x.requires_grad_(), w.requires_grad_()
+    if b is not None:
+        b.requires_grad_()
+    fn = torch.compile(F.layer_norm, fullgraph=True)
+    y = fn(x, w, b, EPS)
+    y.backward(dy)
+    _check(y, x, w, b, dy, EPS, 1e-2)
