@@ -240,8 +240,9 @@ def test_module_is_hf_mlp_drop_in(act, bias):
 def _compare_modules(m, hand, dtype, tol):
     """Forward and backward (input and every parameter) of ``m`` against ``hand``, same weights."""
     g = torch.Generator().manual_seed(3)
-    x = (torch.randn(2, 5, m.hidden_size, generator=g) * 2).to(dtype)
-    dy = torch.randn(2, 5, m.hidden_size, generator=g).to(dtype)
+    dev = next(m.parameters()).device
+    x = (torch.randn(2, 5, m.hidden_size, generator=g) * 2).to(dtype).to(dev)
+    dy = torch.randn(2, 5, m.hidden_size, generator=g).to(dtype).to(dev)
     outs = []
     for mod in (m, hand):
         xi = x.clone().requires_grad_()
