@@ -25,7 +25,6 @@ _INFO_PROBLEMS = {
     "rope": [("q 32 + k 8 heads, seq 4096, head_dim 128", ("rope",), (128, 40, 4096))],
     "glu": [("intermediate 14336, 16384 rows", ("swiglu_fwd", "swiglu_bwd", "geglu_fwd", "geglu_bwd"), (14336, 16384))],
     "fused_add_rms_norm": [("hidden 4096, 16384 rows", ("fused_add_rms_norm_fwd", "fused_add_rms_norm_bwd"), (4096, 16384))],
-    # @info-problems
 }
 
 
@@ -162,17 +161,17 @@ def _check_fused_add_rms_norm(device: torch.device, dtype: torch.dtype, shape: t
     return CheckResult(f"fused_add_rms_norm[{mode}]", dtype, shape, ok, detail)
 
 
-# @checks (each kernel family adds its _check_* function above this line)
-
-
 _CHECKS: list[tuple[Callable, tuple, tuple]] = [
     (_check_rms_norm, (7, 4096), ("llama", "gemma")),
     (_check_rms_norm, (3, 70001), ("llama",)),
-    (_check_layer_norm, (7, 4096), ("bias", "no_bias")), (_check_layer_norm, (3, 70001), ("bias",)),
-    (_check_rope, (2, 8, 2, 300, 128), ("hf", "bshd")), (_check_rope, (1, 5, 1, 77, 80), ("hf",)),
-    (_check_glu, (5, 14336), ("swiglu", "geglu")), (_check_glu, (3, 1001), ("swiglu", "geglu")),
-    (_check_fused_add_rms_norm, (7, 4096), ("llama", "gemma")), (_check_fused_add_rms_norm, (3, 70001), ("llama",)),
-    # @check-entries
+    (_check_fused_add_rms_norm, (7, 4096), ("llama", "gemma")),
+    (_check_fused_add_rms_norm, (3, 70001), ("llama",)),
+    (_check_layer_norm, (7, 4096), ("bias", "no_bias")),
+    (_check_layer_norm, (3, 70001), ("bias",)),
+    (_check_glu, (5, 14336), ("swiglu", "geglu")),
+    (_check_glu, (3, 1001), ("swiglu", "geglu")),
+    (_check_rope, (2, 8, 2, 300, 128), ("hf", "bshd")),
+    (_check_rope, (1, 5, 1, 77, 80), ("hf",)),
 ]
 
 

@@ -21,13 +21,11 @@ if importlib.util.find_spec("triton") is not None:
     from .ops import layer_norm as _layer_norm_ops
     from .ops import rope as _rope_ops
     from .ops import glu as _glu_ops
-    # @ops-imports (one line per kernel family, e.g. `from .ops import glu as _glu_ops`)
 else:  # pragma: no cover - exercised only on machines without Triton
     _rms_norm_ops = None
     _layer_norm_ops = None
     _rope_ops = None
     _glu_ops = None
-    # @ops-none (the same names set to None)
 
 __all__ = [
     "rms_norm",
@@ -36,7 +34,6 @@ __all__ = [
     "swiglu",
     "geglu",
     "fused_add_rms_norm",
-    # @all
 ]
 
 CASTING_MODES = ("llama", "gemma")

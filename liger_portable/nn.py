@@ -12,7 +12,6 @@ __all__ = [
     "LayerNorm",
     "SwiGLUMLP",
     "GEGLUMLP",
-    # @all
 ]
 
 

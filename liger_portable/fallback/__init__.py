@@ -7,7 +7,6 @@ from .layer_norm import layer_norm
 from .rope import rope
 from .glu import geglu, swiglu
 from .rms_norm import fused_add_rms_norm
-# @imports
 
 __all__ = [
     "rms_norm",
@@ -16,5 +15,4 @@ __all__ = [
     "swiglu",
     "geglu",
     "fused_add_rms_norm",
-    # @all
 ]
