@@ -45,6 +45,19 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2d if x2d.stride(-1) == 1 else x2d.contiguous()
 
 
+def _check_rms_norm_args(x: torch.Tensor, weight: torch.Tensor, eps, offset, casting_mode: str) -> float:
+    """Checks shared by the RMSNorm entry points; returns ``eps`` as a float."""
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"weight must have shape ({x.shape[-1]},) to match the last dimension of x "
+            f"{tuple(x.shape)}, got {tuple(weight.shape)}"
+        )
+    check_choice("casting_mode", casting_mode, CASTING_MODES)
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+        raise ValueError(f"offset must be a number, got {offset!r}")
+    return check_nonneg_number("eps", eps)
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -73,15 +86,7 @@ def rms_norm(
     check_float("weight", weight)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (the one normalised), got a scalar")
-    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(
-            f"weight must have shape ({x.shape[-1]},) to match the last dimension of x "
-            f"{tuple(x.shape)}, got {tuple(weight.shape)}"
-        )
-    check_choice("casting_mode", casting_mode, CASTING_MODES)
-    eps = check_nonneg_number("eps", eps)
-    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
-        raise ValueError(f"offset must be a number, got {offset!r}")
+    eps = _check_rms_norm_args(x, weight, eps, offset, casting_mode)
     device = same_device(x=x, weight=weight)
     if (
         _rms_norm_ops is None
@@ -193,15 +198,7 @@ def fused_add_rms_norm(
             f"residual must have the dtype of x ({x.dtype}), got {residual.dtype}; "
             "convert it, e.g. residual.to(x.dtype)"
         )
-    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(
-            f"weight must have shape ({x.shape[-1]},) to match the last dimension of x "
-            f"{tuple(x.shape)}, got {tuple(weight.shape)}"
-        )
-    check_choice("casting_mode", casting_mode, CASTING_MODES)
-    eps = check_nonneg_number("eps", eps)
-    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
-        raise ValueError(f"offset must be a number, got {offset!r}")
+    eps = _check_rms_norm_args(x, weight, eps, offset, casting_mode)
     device = same_device(x=x, residual=residual, weight=weight)
     if (
         _rms_norm_ops is None
