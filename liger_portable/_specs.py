@@ -142,6 +142,12 @@ def _rope_bucket(k: dict) -> tuple:
     return (("head_dim", k["head_dim"]), ("n_heads", k["n_heads"]), ("seq_len", next_pow2(k["seq_len"])))
 
 
+def _flce_bucket(k: dict) -> tuple:
+    return (("n_cols", k["n_cols"]), ("n_rows", next_pow2(k["n_rows"])), ("hidden", k["hidden"]))
+
+
+_BLOCK_V = Param(128, 65536, doc="vocabulary columns per loop step")
+
 SPECS: dict[str, KernelSpec] = {
     s.name: s
     for s in (
@@ -159,6 +165,27 @@ SPECS: dict[str, KernelSpec] = {
             bucket=_rope_bucket,
             params={"BLOCK_S": Param(1, 256, doc="sequence positions per program")},
             source="ops/rope.py",
+        ),
+        KernelSpec(
+            # One row (token) per program, looping over the vocabulary in BLOCK_V steps; loss and
+            # gradient in one launch. n_cols is the vocabulary size.
+            name="cross_entropy",
+            key=("n_cols", "n_rows"),
+            bucket=_rows_cols_bucket,
+            params={"BLOCK_V": _BLOCK_V},
+            source="ops/cross_entropy.py",
+        ),
+        KernelSpec(
+            # The cross-entropy launch inside the fused linear cross-entropy, plus the host-side
+            # token-chunk size (logits memory of one chunk, in MiB).
+            name="fused_linear_cross_entropy",
+            key=("n_cols", "n_rows", "hidden"),
+            bucket=_flce_bucket,
+            params={
+                "BLOCK_V": _BLOCK_V,
+                "CHUNK_MIB": Param(8, 8192, pow2=False, doc="logits memory of one token chunk, MiB", host=True),
+            },
+            source="ops/fused_linear_cross_entropy.py",
         ),
     )
 }
