@@ -437,8 +437,8 @@ def test_default_rule_boundaries(backend):
 
 def test_arch_section_overrides_default():
     r = resolve("rms_norm_fwd", device("xpu-xe-hpc"), (20000, 1000), torch.bfloat16)
-    assert r.config.to_dict().get("grf_mode") == "large"
-    assert r.launch["grf_mode"] == "large"
+    assert r.config.to_dict().get("grf_mode") == "256"
+    assert r.launch["grf_mode"] == "256"
     assert "[xe-hpc]" in r.source
 
 

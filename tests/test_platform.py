@@ -376,7 +376,7 @@ def test_resolved_launch_has_only_own_backend_options(vendor):
 def test_xe_hpc_long_rows_use_large_grf(monkeypatch):
     simulate(monkeypatch, "intel-max1550")
     r = resolve("rms_norm_fwd", platform().device(0), (20000, 1000), torch.bfloat16)
-    assert r.launch.get("grf_mode") == "large"
+    assert r.launch.get("grf_mode") == "256"
     assert "[xe-hpc]" in r.source
 
 
