@@ -25,6 +25,8 @@ _INFO_PROBLEMS = {
     "rope": [("q 32 + k 8 heads, seq 4096, head_dim 128", ("rope",), (128, 40, 4096))],
     "glu": [("intermediate 14336, 16384 rows", ("swiglu_fwd", "swiglu_bwd", "geglu_fwd", "geglu_bwd"), (14336, 16384))],
     "fused_add_rms_norm": [("hidden 4096, 16384 rows", ("fused_add_rms_norm_fwd", "fused_add_rms_norm_bwd"), (4096, 16384))],
+    "cross_entropy": [("vocab 128256, 8192 rows", ("cross_entropy",), (128256, 8192))],
+    "fused_linear_cross_entropy": [("BT 8192, H 4096, vocab 128256", ("fused_linear_cross_entropy",), (128256, 8192, 4096))],
 }
 
 
@@ -161,6 +163,53 @@ def _check_fused_add_rms_norm(device: torch.device, dtype: torch.dtype, shape: t
     return CheckResult(f"fused_add_rms_norm[{mode}]", dtype, shape, ok, detail)
 
 
+def _check_cross_entropy(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+    # mode "plain" or "all" (label smoothing + z-loss + softcap, a quarter of the rows ignored).
+    n_rows, V = shape
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=gen) * 3).to(dtype)
+    t = torch.randint(0, V, (n_rows,), generator=gen)
+    opts = {} if mode == "plain" else {"label_smoothing": 0.1, "lse_square_scale": 1e-3, "softcap": 30.0}
+    if mode == "all":
+        t[::4] = -100
+    xd = x.double().requires_grad_()
+    ref = fallback.cross_entropy(xd, t, -100, "mean", opts.get("label_smoothing", 0.0),
+                                 opts.get("lse_square_scale", 0.0), opts.get("softcap"), False)
+    ref.backward()
+    xg = x.to(device).requires_grad_()
+    out = F.cross_entropy(xg, t.to(device), **opts)
+    out.backward()
+    errs = {"loss": _rel(out, ref), "dx": _rel(xg.grad, xd.grad)}
+    ok = all(e <= _TOL[dtype] for e in errs.values())
+    return CheckResult(f"cross_entropy[{mode}]", dtype, shape, ok, " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+
+
+def _check_fused_linear_cross_entropy(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+    # shape (BT, H, V); mode "plain" or "bias_all" (bias, label smoothing, z-loss, softcap).
+    BT, H, V = shape
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(BT, H, generator=gen).to(dtype)
+    w = (torch.randn(V, H, generator=gen) / H**0.5 * 3).to(dtype)
+    b = torch.randn(V, generator=gen).to(dtype) if mode != "plain" else None
+    t = torch.randint(0, V, (BT,), generator=gen)
+    t[::5] = -100
+    opts = {} if mode == "plain" else {"label_smoothing": 0.1, "lse_square_scale": 1e-3, "softcap": 30.0}
+    hd, wd = h.double().requires_grad_(), w.double().requires_grad_()
+    bd = None if b is None else b.double().requires_grad_()
+    ref = fallback.fused_linear_cross_entropy(hd, wd, t, bd, -100, "mean", opts.get("label_smoothing", 0.0),
+                                              opts.get("lse_square_scale", 0.0), opts.get("softcap"), False)
+    ref.backward()
+    hg, wg = h.to(device).requires_grad_(), w.to(device).requires_grad_()
+    bg = None if b is None else b.to(device).requires_grad_()
+    out = F.fused_linear_cross_entropy(hg, wg, t.to(device), bg, **opts)
+    out.backward()
+    errs = {"loss": _rel(out, ref), "dh": _rel(hg.grad, hd.grad), "dw": _rel(wg.grad, wd.grad)}
+    if b is not None:
+        errs["db"] = _rel(bg.grad, bd.grad)
+    ok = all(e <= _TOL[dtype] for e in errs.values())
+    return CheckResult(f"flce[{mode}]", dtype, shape, ok, " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+
+
 _CHECKS: list[tuple[Callable, tuple, tuple]] = [
     (_check_rms_norm, (7, 4096), ("llama", "gemma")),
     (_check_rms_norm, (3, 70001), ("llama",)),
@@ -172,6 +221,9 @@ _CHECKS: list[tuple[Callable, tuple, tuple]] = [
     (_check_glu, (3, 1001), ("swiglu", "geglu")),
     (_check_rope, (2, 8, 2, 300, 128), ("hf", "bshd")),
     (_check_rope, (1, 5, 1, 77, 80), ("hf",)),
+    (_check_cross_entropy, (64, 128256), ("plain", "all")),
+    (_check_cross_entropy, (5, 4097), ("all",)),
+    (_check_fused_linear_cross_entropy, (300, 256, 32001), ("plain", "bias_all")),
 ]
 
 

@@ -21,11 +21,15 @@ if importlib.util.find_spec("triton") is not None:
     from .ops import layer_norm as _layer_norm_ops
     from .ops import rope as _rope_ops
     from .ops import glu as _glu_ops
+    from .ops import cross_entropy as _ce_ops
+    from .ops import fused_linear_cross_entropy as _flce_ops
 else:  # pragma: no cover - exercised only on machines without Triton
     _rms_norm_ops = None
     _layer_norm_ops = None
     _rope_ops = None
     _glu_ops = None
+    _ce_ops = None
+    _flce_ops = None
 
 __all__ = [
     "rms_norm",
@@ -34,6 +38,8 @@ __all__ = [
     "swiglu",
     "geglu",
     "fused_add_rms_norm",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
 ]
 
 CASTING_MODES = ("llama", "gemma")
@@ -353,3 +359,216 @@ def rope(
         return _rope_ops.rope(q, k, cos, sin)
     q_embed, k_embed = _rope_ops.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
     return q_embed.transpose(1, 2), k_embed.transpose(1, 2)
+
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss):
+    """Checks shared by the cross-entropy entry points; returns the options as Python numbers."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    check_choice("reduction", reduction, REDUCTIONS)
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+    lse_square_scale = check_nonneg_number("lse_square_scale", lse_square_scale)
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0:
+            raise ValueError(f"softcap must be a positive number (Gemma-2 uses 30.0) or None, got {softcap!r}")
+        softcap = float(softcap)
+    if not isinstance(return_z_loss, bool):
+        raise TypeError(f"return_z_loss must be True or False, got {return_z_loss!r}")
+    return float(label_smoothing), lse_square_scale, softcap
+
+
+def _check_target(target: torch.Tensor, shape: torch.Size, what: str) -> None:
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"target must hold class indices as torch.int64 (or torch.int32), got {target.dtype}; "
+            "convert it, e.g. target.long() (probabilities as targets are not supported)"
+        )
+    if target.shape != shape:
+        raise ValueError(f"target must have shape {tuple(shape)} ({what}), got {tuple(target.shape)}")
+
+
+def _check_target_range(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
+    """On the CPU (free there; skipped under torch.compile, where it would break the graph).
+    On a GPU there is no check, to avoid a host sync: a row whose target is out of range gets a
+    NaN loss and a NaN gradient (PyTorch's own kernel stops the process with a device assert)."""
+    if target.device.type != "cpu" or torch.compiler.is_compiling() or target.numel() == 0:
+        return
+    bad = ((target < 0) | (target >= n_classes)) & (target != ignore_index)
+    if bad.any():
+        value = target[bad][0].item()
+        raise ValueError(
+            f"target holds {value}, outside the {n_classes} classes [0, {n_classes - 1}] and not "
+            f"ignore_index ({ignore_index}); fix the labels or pass ignore_index={value}"
+        )
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    return_z_loss: bool = False,
+    inplace_backward: bool = False,
+):
+    """Cross-entropy of class scores against class indices, with Liger-Kernel's options; loss and
+    gradient are computed in one pass over the logits (the gradient is kept for the backward).
+
+    Row loss (``V`` classes, ``eps = label_smoothing``, ``z = softcap * tanh(logits / softcap)``
+    with ``softcap``, else the logits)::
+
+        lse = logsumexp(z);  loss = lse - (1 - eps) z[target] - eps/V sum(z) + lse_square_scale * lse**2
+
+    which is ``torch.nn.functional.cross_entropy(z, target, label_smoothing=eps)`` per row plus the
+    z-loss.
+
+    Args:
+        logits: ``(..., V)`` (the class dimension is the last one, as a language model's logits;
+            unlike torch's ``(N, C, d1, ...)``); float32, bfloat16 or float16 run the kernel,
+            float64 runs the fallback. Any strides.
+        target: class indices of shape ``logits.shape[:-1]``, int64 or int32. A value outside
+            ``[0, V)`` other than ``ignore_index`` raises on the CPU; on a GPU it gives a NaN loss
+            (and gradient) for its row, checked without a host sync.
+        ignore_index: rows with this target contribute 0 to the loss and get a zero gradient, and
+            ``mean`` does not count them.
+        reduction: ``"mean"`` (over non-ignored rows; if every row is ignored the loss is 0.0 with
+            zero gradients, where torch gives NaN), ``"sum"`` or ``"none"`` (per-row losses of
+            ``target``'s shape).
+        label_smoothing: ``eps`` in [0, 1], as torch defines it (``eps/V`` to every class).
+        lse_square_scale: the z-loss weight (PaLM): ``lse_square_scale * lse**2`` is added to each
+            row's loss.
+        softcap: Gemma-2's logit cap (e.g. 30.0): the logits pass through
+            ``softcap * tanh(logits / softcap)`` first; None for none.
+        return_z_loss: also return the z-loss part (already included in the loss), reduced like
+            the loss; not differentiable (it is for logging).
+        inplace_backward: write the gradient over ``logits`` during the forward instead of a new
+            tensor: no memory beyond the logits themselves (Liger-Kernel always does this). Only
+            for a caller that owns the logits: after the call they hold the gradient, not the
+            logits, and backward can run once. Ignored under torch.compile and on the CPU path.
+
+    Returns:
+        The loss in the logits dtype (a scalar, or per-row for ``"none"``); ``(loss, z_loss)`` with
+        ``return_z_loss``.
+    """
+    check_float("logits", logits)
+    if logits.dim() == 0:
+        raise ValueError("logits must have at least one dimension (the classes, last), got a scalar")
+    _check_target(target, logits.shape[:-1], "logits.shape[:-1]: one class index per row of logits")
+    label_smoothing, lse_square_scale, softcap = _check_ce_options(
+        ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+    )
+    if not isinstance(inplace_backward, bool):
+        raise TypeError(f"inplace_backward must be True or False, got {inplace_backward!r}")
+    device = same_device(logits=logits, target=target)
+    n_classes = logits.shape[-1]
+    if n_classes == 0:
+        raise ValueError("logits must have at least one class (its last dimension is 0)")
+    _check_target_range(target, n_classes, ignore_index)
+    if (
+        _ce_ops is None
+        or not use_kernels(device)
+        or logits.dtype not in KERNEL_DTYPES
+        or logits.numel() == 0
+    ):
+        return fallback.cross_entropy(
+            logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+        )
+    loss, z = _ce_ops.cross_entropy(
+        _rows(logits), target.reshape(-1).contiguous(), ignore_index, label_smoothing, lse_square_scale,
+        softcap, reduction, inplace_backward,
+    )
+    if reduction == "none":
+        loss = loss.view(target.shape)
+        z = None if z is None else z.view(target.shape)
+    if not return_z_loss:
+        return loss
+    return loss, z if z is not None else torch.zeros_like(loss)
+
+
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    return_z_loss: bool = False,
+):
+    """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the logits:
+    the tokens are processed in chunks (size from the vendor table's ``CHUNK_MIB``), and the
+    gradients of hidden, weight and bias are computed chunk by chunk in the forward.
+
+    Args:
+        hidden: ``(..., H)`` last hidden states; float32, bfloat16 or float16 (float64 runs the
+            fallback).
+        weight: ``(V, H)``, as ``nn.Linear(H, V).weight`` (the LM head); same dtype and device.
+        target: class indices of shape ``hidden.shape[:-1]``, int64 or int32.
+        bias: None or ``(V,)``, same dtype and device.
+        ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss: as
+            :func:`cross_entropy`. ``reduction="none"`` recomputes the logits in the backward (one
+            more ``BT x H x V`` product; the same memory).
+
+    Returns:
+        The loss in the hidden dtype; ``(loss, z_loss)`` with ``return_z_loss``. Only one backward
+        is allowed for ``mean`` / ``sum`` (the stored gradients are scaled in place).
+    """
+    check_float("hidden", hidden)
+    check_float("weight", weight)
+    if hidden.dim() == 0:
+        raise ValueError("hidden must have at least one dimension (the hidden size, last), got a scalar")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"weight must have shape (V, {hidden.shape[-1]}) (nn.Linear's (out, in) layout; its second "
+            f"dimension is hidden's last {hidden.shape[-1]}), got {tuple(weight.shape)}"
+        )
+    if weight.dtype != hidden.dtype:
+        raise TypeError(f"weight has dtype {weight.dtype} but hidden has {hidden.dtype}; cast one, e.g. weight.to(hidden.dtype)")
+    tensors = {"hidden": hidden, "weight": weight, "target": target}
+    if bias is not None:
+        check_float("bias", bias)
+        if bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},) (one per class), got {tuple(bias.shape)}; or pass bias=None")
+        if bias.dtype != hidden.dtype:
+            raise TypeError(f"bias has dtype {bias.dtype} but hidden has {hidden.dtype}; cast it, e.g. bias.to(hidden.dtype)")
+        tensors["bias"] = bias
+    _check_target(target, hidden.shape[:-1], "hidden.shape[:-1]: one class index per token")
+    label_smoothing, lse_square_scale, softcap = _check_ce_options(
+        ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+    )
+    device = same_device(**tensors)
+    if weight.shape[0] == 0:
+        raise ValueError("weight must have at least one class (its first dimension is 0)")
+    _check_target_range(target, weight.shape[0], ignore_index)
+    if (
+        _flce_ops is None
+        or not use_kernels(device)
+        or hidden.dtype not in KERNEL_DTYPES
+        or hidden.numel() == 0
+    ):
+        return fallback.fused_linear_cross_entropy(
+            hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale,
+            softcap, return_z_loss,
+        )
+    loss, z = _flce_ops.fused_linear_cross_entropy(
+        _rows(hidden), weight, target.reshape(-1).contiguous(), bias, ignore_index, label_smoothing,
+        lse_square_scale, softcap, reduction,
+    )
+    if reduction == "none":
+        loss = loss.view(target.shape)
+        z = None if z is None else z.view(target.shape)
+    if not return_z_loss:
+        return loss
+    return loss, z if z is not None else torch.zeros_like(loss)

@@ -7,6 +7,7 @@ from .layer_norm import layer_norm
 from .rope import rope
 from .glu import geglu, swiglu
 from .rms_norm import fused_add_rms_norm
+from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 
 __all__ = [
     "rms_norm",
@@ -15,4 +16,6 @@ __all__ = [
     "swiglu",
     "geglu",
     "fused_add_rms_norm",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
 ]

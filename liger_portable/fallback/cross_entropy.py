@@ -1,0 +1,229 @@
+"""Cross-entropy and fused linear cross-entropy in plain PyTorch, chunked over rows.
+
+The CPU path never holds more than one chunk of fp32 (float64 for float64 inputs) logits and
+intermediates: each chunk's loss and gradient are computed in the forward, the gradient is kept
+in the input dtype (the size of the gradient autograd would hand back anyway; for the fused
+linear cross-entropy only the gradients of hidden, weight and bias are kept) and the backward
+multiplies it by the incoming gradient. Semantics as the Triton kernels (see
+:mod:`liger_portable.ops.cross_entropy`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Memory of one chunk of compute-dtype logits, in bytes (a module constant the tests lower).
+CHUNK_BYTES = 32 * 2**20
+
+
+def chunk_rows(n_cols: int, element_size: int, chunk_bytes: int) -> int:
+    """Rows per chunk: ``chunk_bytes`` of logits, at least 1, a multiple of 8 where possible."""
+    rows = max(1, chunk_bytes // max(1, n_cols * element_size))
+    return rows - rows % 8 if rows >= 8 else rows
+
+
+def ce_rows_torch(
+    x: torch.Tensor, t: torch.Tensor, ignore_index: int, label_smoothing: float,
+    lse_square_scale: float, softcap: float | None, want_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per-row ``(loss, z_loss, d(loss)/dx)`` of one chunk ``x`` (rows, V); fp32 (float64 for
+    float64 ``x``). The loss includes the z-loss; ignored rows get 0 and a zero gradient."""
+    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    z = x.to(cd)
+    if softcap is not None:
+        th = torch.tanh(z / softcap)
+        z = softcap * th
+    n_cols = z.shape[1]
+    ignored = t == ignore_index
+    t_safe = torch.where(ignored, torch.zeros_like(t), t).long()[:, None]
+    m = z.amax(1, keepdim=True)
+    shifted = z - m
+    e = shifted.exp()
+    d = e.sum(1, keepdim=True)
+    log_d = d.log()
+    ce = log_d - shifted.gather(1, t_safe)
+    if label_smoothing != 0.0:
+        ce = (1.0 - label_smoothing) * ce + label_smoothing * (log_d - shifted.mean(1, keepdim=True))
+    lse = m + log_d
+    z_loss = lse_square_scale * lse * lse
+    keep = ~ignored[:, None]
+    loss = torch.where(keep, ce + z_loss, 0.0).squeeze(1)
+    z_loss = torch.where(keep, z_loss, 0.0).squeeze(1)
+    if not want_grad:
+        return loss, z_loss, None
+    g = e / d
+    if lse_square_scale != 0.0:
+        g = g * (1.0 + 2.0 * lse_square_scale * lse)
+    if label_smoothing != 0.0:
+        g = g - label_smoothing / n_cols
+    g = g.scatter_add(1, t_safe, torch.full_like(shifted[:, :1], -(1.0 - label_smoothing)))
+    if softcap is not None:
+        g = g * (1.0 - th * th)
+    return loss, z_loss, torch.where(keep, g, 0.0)
+
+
+def _reduce(loss_rows, z_rows, reduction, count, dtype):
+    if reduction == "none":
+        return loss_rows.to(dtype), z_rows.to(dtype)
+    if reduction == "sum":
+        return loss_rows.sum().to(dtype), z_rows.sum().to(dtype)
+    return (loss_rows.sum() / count).to(dtype), (z_rows.sum() / count).to(dtype)
+
+
+def _count(target, ignore_index):
+    return (target != ignore_index).sum().clamp_min(1)
+
+
+def _scale_for(dloss, reduction, count, n_rows):
+    """The per-row factor (column vector) of the stored per-row gradients."""
+    if reduction == "none":
+        return dloss.reshape(n_rows, 1)
+    f = dloss.reshape(1, 1)
+    return f / count if reduction == "mean" else f
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction):
+        want = ctx.needs_input_grad[0]
+        n_rows, n_cols = logits.shape
+        cd = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        loss_rows = logits.new_empty((n_rows,), dtype=cd)
+        z_rows = logits.new_empty((n_rows,), dtype=cd)
+        grad = torch.empty_like(logits) if want else None
+        step = chunk_rows(n_cols, cd.itemsize, CHUNK_BYTES)
+        for s in range(0, n_rows, step):
+            loss, zl, g = ce_rows_torch(
+                logits[s:s + step], target[s:s + step], ignore_index, label_smoothing, lse_square_scale,
+                softcap, want,
+            )
+            loss_rows[s:s + step] = loss
+            z_rows[s:s + step] = zl
+            if want:
+                grad[s:s + step] = g.to(logits.dtype)
+        count = _count(target, ignore_index)
+        if want:
+            ctx.save_for_backward(grad, count)
+        ctx.reduction = reduction
+        loss, z = _reduce(loss_rows, z_rows, reduction, count, logits.dtype)
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx, dloss, _dz):
+        grad, count = ctx.saved_tensors
+        f = _scale_for(dloss, ctx.reduction, count, grad.shape[0])
+        return (grad * f).to(grad.dtype), None, None, None, None, None, None
+
+
+def cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float,
+    lse_square_scale: float, softcap: float | None, return_z_loss: bool,
+):
+    """Cross-entropy of ``logits`` (..., V) against integer ``target`` (...); see
+    :func:`liger_portable.functional.cross_entropy` for the options. Returns the loss, or
+    ``(loss, z_loss)`` with ``return_z_loss``."""
+    x = logits.reshape(-1, logits.shape[-1])
+    t = target.reshape(-1)
+    loss, z = _CrossEntropy.apply(x, t, ignore_index, label_smoothing, lse_square_scale, softcap, reduction)
+    if reduction == "none":
+        loss, z = loss.view(target.shape), z.view(target.shape)
+    return (loss, z) if return_z_loss else loss
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction):
+        want_h, want_w, _, want_b = ctx.needs_input_grad[:4]
+        want = want_h or want_w or want_b
+        n_rows = hidden.shape[0]
+        n_cols = weight.shape[0]
+        cd = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        loss_rows = hidden.new_empty((n_rows,), dtype=cd)
+        z_rows = hidden.new_empty((n_rows,), dtype=cd)
+        count = _count(target, ignore_index)
+        # reduction "none" cannot fold the per-row factors into weight's gradient before they are
+        # known: its backward recomputes the chunks with them (one more logits product).
+        per_row = reduction == "none"
+        store = want and not per_row
+        gh = torch.zeros_like(hidden) if store and want_h else None
+        gw = torch.zeros_like(weight) if store and want_w else None
+        gb = torch.zeros_like(bias) if store and want_b else None
+        step = chunk_rows(n_cols, cd.itemsize, CHUNK_BYTES)
+        for s in range(0, n_rows, step):
+            hc = hidden[s:s + step]
+            logits = hc @ weight.t()
+            if bias is not None:
+                logits = logits + bias
+            loss, zl, g = ce_rows_torch(
+                logits, target[s:s + step], ignore_index, label_smoothing, lse_square_scale, softcap, store
+            )
+            loss_rows[s:s + step] = loss
+            z_rows[s:s + step] = zl
+            if store:
+                g = g.to(hidden.dtype)
+                if gh is not None:
+                    gh[s:s + step] = g @ weight
+                if gw is not None:
+                    gw += g.t() @ hc
+                if gb is not None:
+                    gb += g.sum(0)
+        ctx.save_for_backward(hidden, weight, target, bias, count, gh, gw, gb)
+        ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap, reduction)
+        loss, z = _reduce(loss_rows, z_rows, reduction, count, hidden.dtype)
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx, dloss, _dz):
+        hidden, weight, target, bias, count, gh, gw, gb = ctx.saved_tensors
+        ignore_index, label_smoothing, lse_square_scale, softcap, reduction = ctx.options
+        want_h, want_w, _, want_b = ctx.needs_input_grad[:4]
+        if reduction != "none":
+            f = _scale_for(dloss, reduction, count, 1).reshape(())
+            return (
+                None if gh is None else (gh * f).to(gh.dtype),
+                None if gw is None else (gw * f).to(gw.dtype),
+                None,
+                None if gb is None else (gb * f).to(gb.dtype),
+                None, None, None, None, None,
+            )
+        gh = torch.zeros_like(hidden) if want_h else None
+        gw = torch.zeros_like(weight) if want_w else None
+        gb = torch.zeros_like(bias) if want_b else None
+        n_rows, n_cols = hidden.shape[0], weight.shape[0]
+        cd = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        step = chunk_rows(n_cols, cd.itemsize, CHUNK_BYTES)
+        for s in range(0, n_rows, step):
+            hc = hidden[s:s + step]
+            logits = hc @ weight.t()
+            if bias is not None:
+                logits = logits + bias
+            _, _, g = ce_rows_torch(
+                logits, target[s:s + step], ignore_index, label_smoothing, lse_square_scale, softcap, True
+            )
+            g = (g * dloss[s:s + step, None].to(g.dtype)).to(hidden.dtype)
+            if gh is not None:
+                gh[s:s + step] = g @ weight
+            if gw is not None:
+                gw += g.t() @ hc
+            if gb is not None:
+                gb += g.sum(0)
+        return gh, gw, None, gb, None, None, None, None, None
+
+
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float,
+    softcap: float | None, return_z_loss: bool,
+):
+    """Cross-entropy of ``hidden @ weight.T + bias`` against ``target``, chunked over tokens so the
+    logits never exist in full; see :func:`liger_portable.functional.fused_linear_cross_entropy`."""
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = target.reshape(-1)
+    loss, z = _FusedLinearCrossEntropy.apply(
+        h, weight, t, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction
+    )
+    if reduction == "none":
+        loss, z = loss.view(target.shape), z.view(target.shape)
+    return (loss, z) if return_z_loss else loss

@@ -1,0 +1,344 @@
+"""Cross-entropy loss and its gradient in one Triton launch (Liger-Kernel's approach), one source
+for every vendor.
+
+One program per row (token). Pass 1 walks the vocabulary in ``BLOCK_V`` steps with an online
+max / sum-exp in fp32 (the log-sum-exp ``lse = m + log d``, and for label smoothing the sum of the
+logits relative to the running max). Pass 2, when a gradient is wanted, walks the row again and
+writes ``grad_scale * d(row loss)/d(logits)`` in the logits dtype, into a separate tensor or over
+the logits themselves (same program, same elements: each element is read before it is written).
+
+Row loss, with ``z = softcap * tanh(x / softcap)`` (or ``z = x``), ``eps`` the label smoothing,
+``V`` the vocabulary and ``t`` the target::
+
+    loss = lse - (1 - eps) z_t - eps/V sum_j z_j  +  lse_square_scale * lse**2
+    dloss/dz_j = p_j (1 + 2 lse_square_scale lse) - eps/V - (1 - eps) [j == t],  p = softmax(z)
+    dloss/dx_j = dloss/dz_j * (1 - (z_j / softcap)**2)          (with softcap)
+
+``lse - z_t`` is formed as ``(m - z_t) + log d`` (``m`` the row max), which is exact to the last
+bit of the log even for logits near 1e4. Rows whose target is ``ignore_index`` get loss 0 and a
+zero gradient. A target outside ``[0, V)`` other than ``ignore_index`` gives a NaN loss and NaN
+gradient for its row (no out-of-bounds read; no host sync to detect it). Non-finite logits give
+NaN; every loop is bounded, so nothing hangs.
+
+All arithmetic is fp32; row offsets are int64 (rows x V may pass 2**31).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._configs import Resolved, resolve
+from .._dispatch import device_info
+
+# Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
+_empty = torch.empty
+
+
+@triton.jit
+def _tanh(y):
+    # Portable tanh (no libdevice): sign(y) (1 - e) / (1 + e) with e = exp(-2|y|) in (0, 1].
+    e = tl.exp(-2.0 * tl.abs(y))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(y < 0, -t, t)
+
+
+@triton.jit
+def _ce_kernel(
+    X, stride_x, G, stride_g, T, LOSS, ZLOSS, SCALE, stride_scale,
+    n_cols, ignore_index, label_smoothing, lse_square_scale, softcap, grad_scale,
+    HAS_SMOOTH: tl.constexpr, HAS_Z: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_SCALE: tl.constexpr, RETURN_GRAD: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    g_row = G + row * stride_g
+    cols = tl.arange(0, BLOCK_V)
+    t = tl.load(T + row).to(tl.int64)
+    if t == ignore_index:
+        if RETURN_GRAD:
+            zeros = tl.zeros([BLOCK_V], dtype=tl.float32)
+            for start in range(0, n_cols, BLOCK_V):
+                c = start + cols
+                tl.store(g_row + c, zeros.to(G.dtype.element_ty), mask=c < n_cols)
+        tl.store(LOSS + row, 0.0)
+        if HAS_Z:
+            tl.store(ZLOSS + row, 0.0)
+        return
+    valid = (t >= 0) & (t < n_cols)
+    t_safe = tl.where(valid, t, 0)
+    z_t = tl.load(x_row + t_safe).to(tl.float32)
+    if HAS_SOFTCAP:
+        z_t = softcap * _tanh(z_t / softcap)
+
+    # Pass 1: running max m, running sum d of exp(z - m), running sum s of (z - m) (smoothing).
+    m = float("-inf")
+    d = 0.0
+    s = 0.0
+    for start in range(0, n_cols, BLOCK_V):
+        c = start + cols
+        mask = c < n_cols
+        z = tl.load(x_row + c, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(z / softcap)
+        z = tl.where(mask, z, float("-inf"))
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        d = d * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+        if HAS_SMOOTH:
+            # sum_j (z_j - m_new) over the columns so far; the first step has no earlier columns
+            # (and m = -inf there), so its correction term is left out.
+            shift = tl.where(start > 0, m - m_new, 0.0) * start
+            s = s + shift + tl.sum(tl.where(mask, z - m_new, 0.0), axis=0)
+        m = m_new
+    log_d = tl.log(d)
+    lse = m + log_d
+    # lse - z_t = (m - z_t) + log d: m and z_t are logits, so their difference is exact.
+    ce = (m - z_t) + log_d
+    if HAS_SMOOTH:
+        # lse - (1-eps) z_t - eps/V sum z = (1-eps)(lse - z_t) + eps (log d - s / V)
+        ce = (1.0 - label_smoothing) * ce + label_smoothing * (log_d - s / n_cols)
+    loss = ce
+    if HAS_Z:
+        z_loss = lse_square_scale * lse * lse
+        loss = loss + z_loss
+        tl.store(ZLOSS + row, tl.where(valid, z_loss, float("nan")))
+    tl.store(LOSS + row, tl.where(valid, loss, float("nan")))
+
+    if RETURN_GRAD:
+        scale = grad_scale
+        if HAS_SCALE:
+            scale = scale * tl.load(SCALE + row * stride_scale).to(tl.float32)
+        scale = tl.where(valid, scale, float("nan"))
+        coef = 1.0
+        if HAS_Z:
+            coef = 1.0 + 2.0 * lse_square_scale * lse
+        for start in range(0, n_cols, BLOCK_V):
+            c = start + cols
+            mask = c < n_cols
+            z = tl.load(x_row + c, mask=mask, other=0.0).to(tl.float32)
+            if HAS_SOFTCAP:
+                th = _tanh(z / softcap)
+                z = softcap * th
+            p = tl.exp((z - m) - log_d)
+            g = p * coef
+            if HAS_SMOOTH:
+                g = g - label_smoothing / n_cols
+            g = tl.where(c == t, g - (1.0 - label_smoothing), g)
+            if HAS_SOFTCAP:
+                g = g * (1.0 - th * th)
+            tl.store(g_row + c, (g * scale).to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale_rows_kernel(G, stride_g, S, stride_s, n_cols, BLOCK: tl.constexpr):
+    """G[r, :] *= S[r * stride_s] (stride 0: one scalar), skipped where the factor is exactly 1,
+    so the common backward (grad_output == 1) reads one scalar per program and writes nothing."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.load(S + row * stride_s).to(tl.float32)
+    if s != 1.0:
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = c < n_cols
+        ptr = G + row * stride_g + c
+        g = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+        tl.store(ptr, (g * s).to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale_flat_kernel(G, S, n, BLOCK: tl.constexpr):
+    """G *= S[0] over a contiguous tensor of n elements, skipped if the factor is exactly 1."""
+    s = tl.load(S).to(tl.float32)
+    if s != 1.0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(G + offs, (g * s).to(G.dtype.element_ty), mask=mask)
+
+
+def ce_rows(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    grad_scale: float = 1.0,
+    scale: torch.Tensor | None = None,
+    return_grad: bool = True,
+    grad: torch.Tensor | None = None,
+    config: Resolved | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch the cross-entropy kernel on 2-D ``logits`` (rows, V) with a contiguous last dimension
+    and 1-D integer ``target`` (rows,).
+
+    Returns ``(loss_rows, z_rows)``, fp32 of shape ``(rows,)`` (``z_rows`` is None unless
+    ``lse_square_scale`` is set); ``loss_rows`` includes the z-loss. With ``return_grad`` the
+    gradient ``grad_scale * scale[r] * d(row loss)/d(logits)`` is written into ``grad`` (default:
+    over ``logits`` itself, in place; pass a tensor of the logits' shape and dtype with a
+    contiguous last dimension to keep the logits). ``scale`` is an optional device tensor, one
+    value (numel 1) or one per row: the mean's 1/count without a host sync, or per-row factors.
+    ``config`` overrides the launch config (the fused linear cross-entropy passes its own).
+    """
+    n_rows, n_cols = logits.shape
+    cfg = config or resolve("cross_entropy", device_info(logits), (n_cols, n_rows), logits.dtype)
+    loss = _empty((n_rows,), dtype=torch.float32, device=logits.device)
+    has_z = lse_square_scale != 0.0
+    z = _empty((n_rows,), dtype=torch.float32, device=logits.device) if has_z else None
+    if grad is None:
+        grad = logits
+    if n_rows == 0:
+        return loss, z
+    _ce_kernel[(n_rows,)](
+        logits, logits.stride(0), grad, grad.stride(0), target, loss, z if has_z else loss,
+        scale if scale is not None else loss, 0 if scale is None or scale.numel() == 1 else 1,
+        n_cols, ignore_index, float(label_smoothing), float(lse_square_scale),
+        float(softcap) if softcap is not None else 1.0, float(grad_scale),
+        HAS_SMOOTH=label_smoothing != 0.0, HAS_Z=has_z, HAS_SOFTCAP=softcap is not None,
+        HAS_SCALE=scale is not None, RETURN_GRAD=return_grad,
+        **cfg.launch,
+    )
+    return loss, z
+
+
+def scale_rows_(g: torch.Tensor, s: torch.Tensor, config: Resolved | None = None) -> torch.Tensor:
+    """In place ``g[r] *= s[r]`` (``s`` of numel 1: one factor for all rows) on a 2-D ``g`` with a
+    contiguous last dimension; rows whose factor is exactly 1 are not touched. No host sync."""
+    n_rows, n_cols = g.shape
+    if g.numel() == 0:
+        return g
+    cfg = config or resolve("cross_entropy", device_info(g), (n_cols, n_rows), g.dtype)
+    s = s.reshape(-1)
+    if s.numel() == 1 and g.is_contiguous():
+        block = min(cfg.meta["BLOCK_V"], triton.next_power_of_2(g.numel()))
+        _scale_flat_kernel[(triton.cdiv(g.numel(), block),)](
+            g, s, g.numel(), BLOCK=block, num_warps=min(cfg.launch["num_warps"], max(1, block // 256)),
+        )
+        return g
+    block = min(cfg.meta["BLOCK_V"], triton.next_power_of_2(n_cols))
+    _scale_rows_kernel[(n_rows, triton.cdiv(n_cols, block))](
+        g, g.stride(0), s, 0 if s.numel() == 1 else 1, n_cols,
+        BLOCK=block, num_warps=min(cfg.launch["num_warps"], max(1, block // 256)),
+    )
+    return g
+
+
+def mean_scale(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """``1 / max(1, count of non-ignored targets)`` as a 1-element fp32 device tensor (no host sync)."""
+    n = (target != ignore_index).sum().clamp_min(1).to(torch.float32)
+    return n.reciprocal().reshape(1)
+
+
+# --------------------------------------------------------------------------- autograd
+# Eager calls take a plain autograd.Function: the forward computes the loss and the (scaled)
+# gradient in one launch and keeps the gradient; the backward multiplies it by the incoming
+# gradient in place (skipped where that is exactly 1). Under torch.compile the launch runs inside
+# a custom op, opaque to the compiler (no graph break), which returns the unscaled gradient as an
+# output; the reduction and the product with the incoming gradient are traced PyTorch.
+
+
+def _reduce(loss_rows, z_rows, reduction, scale, dtype):
+    if reduction == "none":
+        return loss_rows.to(dtype), None if z_rows is None else z_rows.to(dtype)
+    if reduction == "sum":
+        return loss_rows.sum().to(dtype), None if z_rows is None else z_rows.sum().to(dtype)
+    return (loss_rows.sum() * scale[0]).to(dtype), None if z_rows is None else (z_rows.sum() * scale[0]).to(dtype)
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace):
+        want_grad = ctx.needs_input_grad[0]
+        scale = mean_scale(target, ignore_index) if reduction == "mean" else None
+        grad = None
+        if want_grad:
+            grad = logits if inplace else _empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        loss_rows, z_rows = ce_rows(
+            logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+            lse_square_scale=lse_square_scale, softcap=softcap,
+            scale=scale if reduction == "mean" else None, return_grad=want_grad, grad=grad,
+        )
+        if want_grad and inplace:
+            # The kernel wrote the gradient over the logits behind autograd's back: bump their
+            # version, so any other node that saved them fails loudly instead of reading gradients.
+            torch.autograd.graph.increment_version(logits)
+        ctx.grad = grad
+        ctx.reduction = reduction
+        ctx.done = False
+        loss, z = _reduce(loss_rows, z_rows, reduction, scale, logits.dtype)
+        if z is None:
+            z = loss.new_zeros(())
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx, dloss, _dz):
+        if ctx.done:
+            raise RuntimeError(
+                "liger_portable cross_entropy can run backward only once: the gradient computed in the "
+                "forward was scaled in place by the first backward. For retain_graph=True or double "
+                "backward use torch.nn.functional.cross_entropy."
+            )
+        ctx.done = True
+        grad = ctx.grad
+        ctx.grad = None
+        if dloss is not None:
+            scale_rows_(grad, dloss.reshape(-1).to(torch.float32))
+        return grad, None, None, None, None, None, None, None
+
+
+def cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+    lse_square_scale: float, softcap: float | None, reduction: str, inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Differentiable cross-entropy of 2-D ``logits`` (last dimension contiguous) and 1-D ``target``.
+
+    Returns ``(loss, z_loss)`` reduced per ``reduction``, in the logits dtype; ``z_loss`` is None
+    without ``lse_square_scale``. ``inplace``: the gradient is written over ``logits`` during the
+    forward (no memory beyond the logits); ignored under torch.compile.
+    """
+    has_z = lse_square_scale != 0.0
+    if torch.compiler.is_compiling():
+        loss_rows, z_rows, _ = cross_entropy_op(
+            logits, target, ignore_index, label_smoothing, lse_square_scale,
+            -1.0 if softcap is None else softcap,
+        )
+        scale = mean_scale(target, ignore_index) if reduction == "mean" else None
+        return _reduce(loss_rows, z_rows if has_z else None, reduction, scale, logits.dtype)
+    loss, z = _CrossEntropyFunction.apply(
+        logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace
+    )
+    return loss, z if has_z else None
+
+
+@torch.library.custom_op("liger_portable::cross_entropy", mutates_args=())
+def cross_entropy_op(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+    lse_square_scale: float, softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row ``(loss, z_loss, d(row loss)/d(logits))``; ``softcap <= 0`` means none."""
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    loss, z = ce_rows(
+        logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+        lse_square_scale=lse_square_scale, softcap=softcap if softcap > 0 else None, grad=grad,
+    )
+    return loss, z if z is not None else torch.zeros_like(loss), grad
+
+
+@cross_entropy_op.register_fake
+def _(logits, target, ignore_index, label_smoothing, lse_square_scale, softcap):
+    rows = logits.new_empty(logits.shape[:1], dtype=torch.float32)
+    return rows, torch.empty_like(rows), torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output[2])
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _backward(ctx, dloss_rows, _dz, _dgrad):
+    (grad,) = ctx.saved_tensors
+    return (grad * dloss_rows[:, None]).to(grad.dtype), None, None, None, None, None
+
+
+cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)

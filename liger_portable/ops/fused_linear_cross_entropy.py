@@ -1,0 +1,302 @@
+"""Fused linear cross-entropy: ``cross_entropy(hidden @ weight.T + bias, target)`` without ever
+holding the full (tokens x vocabulary) logits.
+
+The tokens are processed in chunks of ``CHUNK_MIB`` MiB of logits (rows = CHUNK_MIB MiB / (V x
+element size), at least 1, a multiple of 8 where possible). For each chunk, in the forward:
+
+1. ``logits = hidden_chunk @ weight.T (+ bias)`` with ``torch.addmm`` / ``torch.mm`` in the input
+   dtype, into one reused chunk buffer;
+2. the cross-entropy kernel (:func:`~liger_portable.ops.cross_entropy.ce_rows`) writes the row
+   losses and, over the logits in place, ``d(loss)/d(logits)`` (already divided by the count of
+   non-ignored tokens for ``mean``, read from a device tensor: no host sync);
+3. ``grad_hidden[chunk] = dlogits @ weight``, ``grad_weight += dlogits.T @ hidden_chunk``
+   (``addmm`` into one preallocated tensor), ``grad_bias += dlogits.sum(0)``.
+
+grad_weight accumulates in the weight's dtype (bf16 for a bf16 model): an fp32 accumulator for
+V=128256, H=4096 is 2 GiB, which would break the 1.2 GiB memory goal; each chunk's product is
+accumulated in fp32 inside the matmul and rounded once per chunk (Liger-Kernel does the same).
+Peak extra memory = grad_weight + grad_hidden (+ grad_bias) + one chunk of logits.
+
+The backward multiplies the stored gradients by the incoming scalar in place (skipped without
+a host sync when it is exactly 1). ``reduction="none"`` needs per-token factors that are known
+only in the backward, and weight's gradient cannot be rescaled per token after the sum: the
+forward then computes only the losses and the backward recomputes each chunk's logits with the
+factors (one more ``BT x H x V`` product, the same memory).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._configs import Resolved, resolve
+from .._dispatch import device_info
+from ..fallback.cross_entropy import chunk_rows
+from .cross_entropy import ce_rows, mean_scale, scale_rows_
+
+# Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
+_empty = torch.empty
+
+# Bytes in one CHUNK_MIB unit; the tests lower it to get several chunks out of a tiny problem.
+_CHUNK_UNIT = 2**20
+
+
+def _config(hidden, weight, config):
+    return config or resolve(
+        "fused_linear_cross_entropy", device_info(hidden), (weight.shape[0], hidden.shape[0], hidden.shape[1]),
+        hidden.dtype,
+    )
+
+
+def _chunks(hidden, weight, cfg):
+    n_rows, n_cols = hidden.shape[0], weight.shape[0]
+    step = chunk_rows(n_cols, hidden.element_size(), cfg.meta["CHUNK_MIB"] * _CHUNK_UNIT)
+    step = max(1, min(step, n_rows))
+    return step, [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
+
+
+def _logits(buf, hc, weight, bias):
+    out = buf[: hc.shape[0]]
+    if bias is None:
+        torch.mm(hc, weight.t(), out=out)
+    else:
+        torch.addmm(bias, hc, weight.t(), out=out)
+    return out
+
+
+def _accumulate(g, hc, weight, gh, gw, gb, s, e, first):
+    if gh is not None:
+        torch.mm(g, weight, out=gh[s:e])
+    if gw is not None:
+        if first:
+            torch.mm(g.t(), hc, out=gw)
+        else:
+            gw.addmm_(g.t(), hc)
+    if gb is not None:
+        if first:
+            torch.sum(g, 0, out=gb)
+        else:
+            gb += g.sum(0)
+
+
+def flce_fwd(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float | None,
+    reduction: str, want: tuple[bool, bool, bool] = (True, True, True), config: Resolved | None = None,
+):
+    """Forward of the fused linear cross-entropy on 2-D ``hidden`` (BT, H), ``weight`` (V, H),
+    1-D ``target`` (BT,), optional ``bias`` (V,).
+
+    Returns ``(loss_rows, z_rows, grad_hidden, grad_weight, grad_bias)``: fp32 row losses
+    (z-loss included) and z-losses (None without ``lse_square_scale``), and the gradients of the
+    reduced loss (``mean`` / ``sum``) for the inputs flagged in ``want`` (else None; always None for
+    ``reduction="none"``). ``config`` overrides the resolved config (BLOCK_V, warps, CHUNK_MIB).
+    """
+    cfg = _config(hidden, weight, config)
+    n_rows, n_cols = hidden.shape[0], weight.shape[0]
+    want_h, want_w, want_b = want
+    want_b = want_b and bias is not None
+    grads = reduction != "none" and (want_h or want_w or want_b)
+    scale = mean_scale(target, ignore_index) if reduction == "mean" else None
+    gh = _empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if grads and want_h else None
+    gw = _empty(weight.shape, dtype=weight.dtype, device=weight.device) if grads and want_w else None
+    gb = _empty(bias.shape, dtype=bias.dtype, device=bias.device) if grads and want_b else None
+    loss_rows = _empty((n_rows,), dtype=torch.float32, device=hidden.device)
+    z_rows = _empty((n_rows,), dtype=torch.float32, device=hidden.device) if lse_square_scale != 0.0 else None
+    if n_rows == 0:
+        return loss_rows, z_rows, gh, gw, gb
+    step, chunks = _chunks(hidden, weight, cfg)
+    buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
+    for i, (s, e) in enumerate(chunks):
+        hc = hidden[s:e]
+        logits = _logits(buf, hc, weight, bias)
+        lr, zr = ce_rows(
+            logits, target[s:e], ignore_index=ignore_index, label_smoothing=label_smoothing,
+            lse_square_scale=lse_square_scale, softcap=softcap, scale=scale, return_grad=grads, config=cfg,
+        )
+        loss_rows[s:e] = lr
+        if z_rows is not None:
+            z_rows[s:e] = zr
+        if grads:
+            _accumulate(logits, hc, weight, gh, gw, gb, s, e, i == 0)
+    return loss_rows, z_rows, gh, gw, gb
+
+
+def flce_bwd_recompute(
+    dloss_rows: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+    bias: torch.Tensor | None, ignore_index: int, label_smoothing: float, lse_square_scale: float,
+    softcap: float | None, want: tuple[bool, bool, bool] = (True, True, True), config: Resolved | None = None,
+):
+    """Backward of ``reduction="none"``: recompute each chunk's logits and write the gradients of
+    ``sum(dloss_rows * loss_rows)``. Returns ``(grad_hidden, grad_weight, grad_bias)``."""
+    cfg = _config(hidden, weight, config)
+    n_cols = weight.shape[0]
+    want_h, want_w, want_b = want
+    want_b = want_b and bias is not None
+    gh = _empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if want_h else None
+    gw = _empty(weight.shape, dtype=weight.dtype, device=weight.device) if want_w else None
+    gb = _empty(bias.shape, dtype=bias.dtype, device=bias.device) if want_b else None
+    if hidden.shape[0] == 0:
+        return gh, None if gw is None else gw.zero_(), None if gb is None else gb.zero_()
+    dloss_rows = dloss_rows.reshape(-1).to(torch.float32).contiguous()
+    step, chunks = _chunks(hidden, weight, cfg)
+    buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
+    for i, (s, e) in enumerate(chunks):
+        hc = hidden[s:e]
+        logits = _logits(buf, hc, weight, bias)
+        ce_rows(
+            logits, target[s:e], ignore_index=ignore_index, label_smoothing=label_smoothing,
+            lse_square_scale=lse_square_scale, softcap=softcap, scale=dloss_rows[s:e], return_grad=True,
+            config=cfg,
+        )
+        _accumulate(logits, hc, weight, gh, gw, gb, s, e, i == 0)
+    return gh, gw, gb
+
+
+def _reduce(loss_rows, z_rows, reduction, target, ignore_index, dtype):
+    if reduction == "none":
+        return loss_rows.to(dtype), None if z_rows is None else z_rows.to(dtype)
+    if reduction == "sum":
+        return loss_rows.sum().to(dtype), None if z_rows is None else z_rows.sum().to(dtype)
+    scale = mean_scale(target, ignore_index)[0]
+    return (loss_rows.sum() * scale).to(dtype), None if z_rows is None else (z_rows.sum() * scale).to(dtype)
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+class _FLCEFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction):
+        want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3])
+        loss_rows, z_rows, gh, gw, gb = flce_fwd(
+            hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, want
+        )
+        ctx.reduction, ctx.want, ctx.done = reduction, want, False
+        ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
+        if reduction == "none":
+            ctx.save_for_backward(hidden, weight, target, bias)
+        else:
+            ctx.grads = (gh, gw, gb)
+        loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, hidden.dtype)
+        if z is None:
+            z = loss.new_zeros(())
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx, dloss, _dz):
+        if ctx.reduction == "none":
+            hidden, weight, target, bias = ctx.saved_tensors
+            gh, gw, gb = flce_bwd_recompute(dloss, hidden, weight, target, bias, *ctx.options, want=ctx.want)
+            return gh, gw, None, gb, None, None, None, None, None
+        if ctx.done:
+            raise RuntimeError(
+                "liger_portable fused_linear_cross_entropy can run backward only once: its gradients are "
+                "computed in the forward and scaled in place by the first backward. For retain_graph=True "
+                "or double backward use reduction='none' and reduce it yourself."
+            )
+        ctx.done = True
+        gh, gw, gb = ctx.grads
+        ctx.grads = None
+        f = dloss.reshape(1).to(torch.float32)
+        for g in (gh, gw, gb):
+            if g is not None:
+                scale_rows_(g.view(-1, g.shape[-1]), f)
+        return gh, gw, None, gb, None, None, None, None, None
+
+
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float | None, reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Differentiable fused linear cross-entropy of 2-D ``hidden``, ``weight``, 1-D ``target``.
+    Returns ``(loss, z_loss)`` (``z_loss`` None without ``lse_square_scale``)."""
+    has_z = lse_square_scale != 0.0
+    if torch.compiler.is_compiling():
+        loss, z, *_ = flce_op(
+            hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale,
+            -1.0 if softcap is None else softcap, reduction,
+        )
+        return loss, z if has_z else None
+    loss, z = _FLCEFunction.apply(
+        hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction
+    )
+    return loss, z if has_z else None
+
+
+# Under torch.compile: custom ops, opaque to the compiler. The forward op returns the reduced loss
+# and (mean / sum) the gradients as extra outputs; the backward multiplies them (out of place).
+
+
+@torch.library.custom_op("liger_portable::fused_linear_cross_entropy", mutates_args=())
+def flce_op(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+    ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float, reduction: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss_rows, z_rows, gh, gw, gb = flce_fwd(
+        hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale,
+        softcap if softcap > 0 else None, reduction,
+    )
+    loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, hidden.dtype)
+    if z is None:
+        z = torch.zeros_like(loss)
+    if reduction == "none":
+        gh, gw = hidden.new_empty(0), weight.new_empty(0)
+    if gb is None:
+        gb = weight.new_empty(0)
+    return loss, z, gh, gw, gb
+
+
+@flce_op.register_fake
+def _(hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction):
+    loss = hidden.new_empty(target.shape if reduction == "none" else ())
+    if reduction == "none":
+        gh, gw = hidden.new_empty(0), weight.new_empty(0)
+    else:
+        gh, gw = torch.empty_like(hidden), torch.empty_like(weight)
+    gb = torch.empty_like(bias) if bias is not None and reduction != "none" else weight.new_empty(0)
+    return loss, torch.empty_like(loss), gh, gw, gb
+
+
+@torch.library.custom_op("liger_portable::fused_linear_cross_entropy_backward", mutates_args=())
+def flce_backward_op(
+    dloss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+    bias: Optional[torch.Tensor], ignore_index: int, label_smoothing: float, lse_square_scale: float,
+    softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gh, gw, gb = flce_bwd_recompute(
+        dloss, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale,
+        softcap if softcap > 0 else None,
+    )
+    return gh, gw, gb if gb is not None else weight.new_empty(0)
+
+
+@flce_backward_op.register_fake
+def _(dloss, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap):
+    gb = torch.empty_like(bias) if bias is not None else weight.new_empty(0)
+    return torch.empty_like(hidden), torch.empty_like(weight), gb
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction = inputs
+    ctx.reduction, ctx.has_bias = reduction, bias is not None
+    ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
+    if reduction == "none":
+        ctx.save_for_backward(hidden, weight, target, bias)
+    else:
+        ctx.save_for_backward(output[2], output[3], output[4])
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _backward(ctx, dloss, _dz, _dgh, _dgw, _dgb):
+    if ctx.reduction == "none":
+        hidden, weight, target, bias = ctx.saved_tensors
+        gh, gw, gb = flce_backward_op(dloss, hidden, weight, target, bias, *ctx.options)
+    else:
+        gh, gw, gb = ((g * dloss).to(g.dtype) for g in ctx.saved_tensors)
+    return gh, gw, None, gb if ctx.has_bias else None, None, None, None, None, None
+
+
+flce_op.register_autograd(_backward, setup_context=_setup_context)

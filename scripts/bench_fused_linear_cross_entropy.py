@@ -1,0 +1,167 @@
+"""Fused linear cross-entropy forward+backward on the GPU, side by side with its peers in one process.
+
+Peers: eager PyTorch (``F.cross_entropy(h @ W.T)``), torch.compile of it (dynamic=False),
+liger-kernel's LigerFusedLinearCrossEntropyFunction (when importable), cut-cross-entropy's
+``linear_cross_entropy`` (when importable; skipped cleanly otherwise) and ours. Reports median ms
+(eager and CUDA-graph replay; a peer that syncs the host cannot be captured and shows nan), the
+achieved TFLOP/s (3 x 2 x BT x H x V FLOP) against the bf16 matmul rate measured in the same run,
+and peak extra memory (the gradients of hidden and weight included: every peer allocates them).
+``--sweep`` times the table's search space (BLOCK_V, warps, CHUNK_MIB) for ours alone.
+
+    python scripts/bench_fused_linear_cross_entropy.py [--sweep] [--shapes 8192x4096x128256 ...]
+
+Shapes are BT x H x V. Goal (issue 4, H200 bf16): 8192 x 4096 x 128256 in <= 38 ms with <= 1.2 GiB extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from benchlib import environment, graph_ms, markdown_table, matmul_tflops, median_ms, peak_extra_mib, write_results
+
+import liger_portable
+from liger_portable import functional as F
+from liger_portable._configs import Limits, load_table, make_resolved, resolve, search_configs
+from liger_portable.ops import fused_linear_cross_entropy as ops
+
+
+def torch_flce(h, w, t):
+    return torch.nn.functional.cross_entropy((h @ w.t()).float(), t)
+
+
+def peers() -> dict:
+    fns = {
+        "eager": torch_flce,
+        "torch.compile": torch.compile(torch_flce, dynamic=False),
+        "liger-portable": lambda h, w, t: F.fused_linear_cross_entropy(h, w, t),
+    }
+    try:
+        from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+
+        def liger(h, w, t):
+            out = LigerFusedLinearCrossEntropyFunction.apply(h, w, t)  # (input, weight, target, bias=None, ...)
+            return out[0] if isinstance(out, tuple) else out
+
+        fns["liger-kernel"] = liger
+    except Exception as e:  # noqa: BLE001 - report and go on without the peer
+        print(f"liger-kernel not available: {e}")
+    try:
+        from cut_cross_entropy import linear_cross_entropy
+
+        fns["cut-cross-entropy"] = lambda h, w, t: linear_cross_entropy(h, w, t)
+    except Exception as e:  # noqa: BLE001
+        print(f"cut-cross-entropy not available: {e}")
+    return fns
+
+
+def bench_compare(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float, skip_eager_over_gib: float) -> list[dict]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h0 = torch.randn(BT, H, device="cuda", dtype=dtype, generator=g)
+    w0 = (torch.randn(V, H, device="cuda", dtype=dtype, generator=g) / H**0.5)
+    t = torch.randint(0, V, (BT,), device="cuda", generator=g)
+    t[::7] = -100
+    flop = 3 * 2 * BT * H * V
+    logits_gib = BT * V * 4 / 2**30
+    results, ref = [], None
+    for name, fn in peers().items():
+        if name in ("eager", "torch.compile") and logits_gib > skip_eager_over_gib:
+            print(f"  {name:<18} skipped: fp32 logits {logits_gib:.1f} GiB")
+            continue
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+
+        def step():
+            h.grad = None
+            w.grad = None
+            fn(h, w, t).backward()
+
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory
+            print(f"  {name:<18} failed: {type(e).__name__}: {e}")
+            torch.cuda.empty_cache()
+            continue
+        out = (h.grad.float(), w.grad.float())
+        if ref is None:
+            ref = out
+        err = max(((a - b).norm() / b.norm()).item() for a, b in zip(out, ref))
+        del out
+        ms = median_ms(step, warmup_ms=100, rep_ms=500)
+        gms = graph_ms(step)
+        mem = peak_extra_mib(step)
+        results.append({"impl": name, "BT": BT, "H": H, "V": V, "ms": ms, "graph_ms": gms, "peak_extra_mib": mem,
+                        "tflops": flop / ms / 1e9, "pct_matmul": 100 * flop / ms / 1e9 / ceiling,
+                        "grad_rel_diff_vs_first": err})
+        print(f"  {name:<18} {ms:8.2f} ms (graph {gms:8.2f} ms)  {flop / ms / 1e9:5.0f} TFLOP/s "
+              f"({100 * flop / ms / 1e9 / ceiling:3.0f}% of matmul)  {mem:8.0f} MiB  grad diff {err:.1e}")
+        del h, w
+        torch.cuda.empty_cache()
+    return results
+
+
+def sweep(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float) -> dict:
+    dev = liger_portable.platform().device(0)
+    table = load_table(dev.backend)
+    h = torch.randn(BT, H, device="cuda", dtype=dtype)
+    w = torch.randn(V, H, device="cuda", dtype=dtype) / H**0.5
+    t = torch.randint(0, V, (BT,), device="cuda")
+    default = resolve("fused_linear_cross_entropy", dev, (V, BT, H), dtype)
+    base = default.config.to_dict()
+    flop = 3 * 2 * BT * H * V
+    timed = []
+    for point in search_configs(table, dev.arch, "fused_linear_cross_entropy", Limits.of(dev)):
+        cfg = {**base, **point}
+        r = make_resolved("fused_linear_cross_entropy", cfg, "sweep")
+        fn = lambda: ops.flce_fwd(h, w, t, None, -100, 0.0, 0.0, None, "mean", config=r)  # noqa: E731
+        try:
+            ms = median_ms(fn, warmup_ms=50, rep_ms=200)
+            mem = peak_extra_mib(fn)
+        except Exception as e:  # noqa: BLE001
+            print(f"    {cfg}: {type(e).__name__}")
+            continue
+        timed.append((ms, mem, cfg))
+    timed.sort(key=lambda p: p[0])
+    default_ms = median_ms(lambda: ops.flce_fwd(h, w, t, None, -100, 0.0, 0.0, None, "mean"))
+    best = timed[0]
+    print(f"  flce {BT}x{H}x{V}: default {default_ms:.2f} ms ({default.config}) | best {best[0]:.2f} ms "
+          f"({100 * flop / best[0] / 1e9 / ceiling:.0f}% of matmul, {best[1]:.0f} MiB) {best[2]}")
+    for ms, mem, cfg in timed[1:6]:
+        print(f"      next {ms:.2f} ms {mem:.0f} MiB {cfg}")
+    return {"default_ms": default_ms, "default": str(default.config), "top": timed[:8]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--shapes", nargs="+", default=["8192x4096x128256", "4096x2304x256000", "16384x8192x128256"])
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--skip-eager-over-gib", type=float, default=8.0, help="skip eager/compile peers above this fp32 logits size")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+    env = environment()
+    ceiling = matmul_tflops()
+    env["matmul_tflops"] = ceiling
+    print(f"{env}\nbf16 matmul ceiling {ceiling:.0f} TFLOP/s")
+    payload = {"env": env, "args": vars(args)}
+    if args.sweep:
+        payload["sweep"] = {"x".join(map(str, s)): sweep(*s, dtype, ceiling) for s in shapes[:1]}
+        write_results("fused_linear_cross_entropy_sweep", payload)
+        return
+    rows = []
+    for BT, H, V in shapes:
+        print(f"fused linear cross-entropy BT {BT} H {H} V {V} {args.dtype} forward+backward "
+              f"(matmul floor {3 * 2 * BT * H * V / ceiling / 1e9:.1f} ms)")
+        rows += bench_compare(BT, H, V, dtype, ceiling, args.skip_eager_over_gib)
+    payload["results"] = rows
+    write_results("fused_linear_cross_entropy_bench", payload)
+    print(markdown_table(
+        ["BT x H x V", "impl", "eager median ms", "graph-replay ms", "TFLOP/s", "% of matmul", "peak extra MiB"],
+        [[f"{r['BT']}x{r['H']}x{r['V']}", r["impl"], f"{r['ms']:.2f}", f"{r['graph_ms']:.2f}", f"{r['tflops']:.0f}",
+          f"{r['pct_matmul']:.0f}", f"{r['peak_extra_mib']:.0f}"] for r in rows],
+    ))
+
+
+if __name__ == "__main__":
+    main()
