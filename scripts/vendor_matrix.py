@@ -1,0 +1,566 @@
+#!/usr/bin/env python
+"""Vendor compile matrix: every config of every vendor table, compiled for every target, checked.
+
+For each kernel spec (``liger_portable._specs.SPECS``) with a launch description
+(``liger_portable/_compile_matrix.py``, or ``COMPILE_DESCRIPTIONS`` in its ops module) and each
+target, the configs its backend table produces are enumerated — the default rules over
+representative problem sizes and, with ``--full``, the tuner's search space merged over each rule's
+config — and cross-compiled with the public Triton wheel (no GPU needed). Each compile is checked
+against the target's limits, which Triton does not check when cross-compiling:
+
+* threads per block: num_warps x warp size <= 1024 (wave64 on CDNA, wave32 on RDNA);
+* shared memory / LDS per block: ``kernel.metadata.shared`` against the target's limit;
+* register spills: NVIDIA ``LOCAL`` bytes from the wheel's ``cuobjdump -res-usage`` on the cubin,
+  AMD ``.vgpr_spill_count`` (scratch memory; ``.sgpr_spill_count`` is shown, it spills to VGPR lanes)
+  in the amdgcn text; reported as warnings (slow, not a launch failure) unless ``--fail-on-spills``;
+* backend options: none of another vendor's (Triton raises KeyError at launch), and this
+  vendor's options must reach the compiled kernel's metadata (a misspelt one is dropped silently);
+* the table's own limits for the target must not exceed the real ones.
+
+Intel (no backend in the public wheel) is checked statically in its own column: sub-groups x 32
+(or ``threads_per_warp``) <= the work-group limit, sub-group count and size, ``grf_mode`` in the
+set Intel's Triton accepts (large GRF with num_warps <= 32), and SLM per work-group, estimated by
+compiling the same config for a 32-wide NVIDIA target (the shared-memory allocation is Triton's
+common layout code; an estimate, marked "~").
+
+Compiles run in a process pool and their results are cached by content (kernel source and its
+dependencies, Triton version, target, options, constexprs, signature), so a re-run compiles only
+what changed. Exit status 1 on any failure; every failure names kernel, target and limit.
+
+Usage::
+
+    python scripts/vendor_matrix.py                  # default configs, every kernel and target
+    python scripts/vendor_matrix.py --ci             # fewer problem sizes (CI), same coverage of rules
+    python scripts/vendor_matrix.py --full --kernels rms_norm_fwd --targets gfx942,sm90
+    python scripts/vendor_matrix.py --limit gfx942.shared=32768   # check against a smaller part
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from liger_portable import _compile_matrix as cm  # noqa: E402  (does not import Triton kernels)
+from liger_portable import _configs  # noqa: E402
+from liger_portable._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS  # noqa: E402
+from liger_portable._specs import SPECS  # noqa: E402
+
+
+# --------------------------------------------------------------------------- targets and limits
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compile target and the limits a launch config must respect on it (facts.md)."""
+
+    name: str  # the arch name the table sections match (sm90, gfx942, gfx1100, xe-hpc)
+    backend: str  # table: cuda, rocm, xpu
+    triton: tuple  # GPUTarget(backend, arch, warp_size); None for static-only targets
+    warp_size: int
+    max_threads: int
+    shared: int  # bytes of shared memory / LDS / SLM per block
+    what: str
+    sub_group_sizes: tuple = ()  # Intel only
+    max_sub_groups: int = 0  # Intel only
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("sm80", "cuda", ("cuda", 80, 32), 32, 1024, 166_912, "A100: 166,912 B shared (opt-in)"),
+        Target("sm90", "cuda", ("cuda", 90, 32), 32, 1024, 232_448, "H100/H200: 232,448 B shared (read on an H200)"),
+        Target("sm100", "cuda", ("cuda", 100, 32), 32, 1024, 232_448, "B200: about 227 KB shared"),
+        Target("gfx90a", "rocm", ("hip", "gfx90a", 64), 64, 1024, 65_536, "MI200: wave64, 64 KiB LDS"),
+        Target("gfx942", "rocm", ("hip", "gfx942", 64), 64, 1024, 65_536, "MI300: wave64, 64 KiB LDS"),
+        Target("gfx950", "rocm", ("hip", "gfx950", 64), 64, 1024, 163_840, "MI350: wave64, 160 KiB LDS"),
+        Target("gfx1100", "rocm", ("hip", "gfx1100", 32), 32, 1024, 65_536, "RDNA3: wave32, 64 KiB LDS"),
+    )
+}
+# Intel: static checks only (the public Triton wheel has no XPU backend).
+XPU_TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("xe-hpc", "xpu", None, 32, 1024, 131_072, "Max 1550: 1024 work-items, 128 KB SLM", (16, 32), 64),
+        Target("xe-hpg", "xpu", None, 32, 1024, 65_536, "Arc A / Flex: 1024 work-items, 64 KiB SLM", (8, 16, 32), 64),
+        Target("xe2", "xpu", None, 32, 1024, 65_536, "Arc B: 1024 work-items, 64 KiB SLM (assumed)", (16, 32), 64),
+    )
+}
+# grf_mode values Intel's Triton accepts: 'default', 'auto' and the register counts ('128', '256',
+# '512') in current releases; 'small' / 'large' in releases before that. Large modes double the
+# registers per thread and halve the threads, so they refuse num_warps > 32.
+GRF_MODES = {"default", "auto", "small", "large", "128", "256", "512"}
+LARGE_GRF = {"large", "256", "512"}
+# The 32-wide target whose compile stands in for Intel's SLM use.
+XPU_SMEM_PROXY = ("cuda", 90, 32)
+DTYPE = "bfloat16"
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def load_tables(directory: Path) -> tuple[dict[str, _configs.Table], list[str]]:
+    """Each backend's table parsed without the resolver's limit checks (the matrix reports those
+    itself, per target), and the strict validation's errors."""
+    tables, errors = {}, []
+    for backend in ("cuda", "rocm", "xpu"):
+        path = directory / f"{backend}.json"
+        data = json.loads(path.read_text())
+        try:
+            _configs.parse_table(data, path, backend)
+        except _configs.ConfigError as e:
+            errors.append(f"table validation: {e}")
+        with mock.patch.object(_configs, "_check_config", lambda *a, **k: None):
+            tables[backend] = _configs.parse_table(data, path, backend)
+    return tables, errors
+
+
+@dataclass
+class Item:
+    """One config of one kernel for one target, and where it came from."""
+
+    kernel: str
+    target: Target
+    cfg: dict
+    problem: dict
+    where: str
+
+
+def enumerate_configs(table: _configs.Table, target: Target, kernel: str, full: bool, ci: bool) -> list[Item]:
+    items, by_rule = [], {}
+    for p in cm.problems(kernel, ci=ci):
+        cfg, where = _configs.table_config(table, target.name, kernel, p)
+        items.append(Item(kernel, target, dict(cfg), p, where))
+        # The largest problem of each rule: the one its search points are compiled with.
+        by_rule[where] = (cfg, p)
+    if full:
+        space = _configs.search_space(table, target.name, kernel)
+        import itertools
+
+        names = list(space)
+        for where, (cfg, p) in by_rule.items():
+            for values in itertools.product(*(space[n] for n in names)):
+                point = dict(zip(names, values))
+                items.append(Item(kernel, target, {**cfg, **point}, p, f"{where} + search {point}"))
+    return items
+
+
+def static_failures(item: Item) -> list[str]:
+    """Limit and option checks that need no compile."""
+    t, cfg, out = item.target, item.cfg, []
+    head = f"{item.kernel} on {t.name} ({item.where}, {_show(cfg)})"
+    nw = cfg["num_warps"]
+    lanes = cfg.get("threads_per_warp", t.warp_size) if t.backend == "xpu" else t.warp_size
+    if nw * lanes > t.max_threads:
+        unit = "sub-group" if t.backend == "xpu" else ("wave" if t.backend == "rocm" else "warp")
+        out.append(
+            f"{head}: num_warps={nw} x {unit} size {lanes} = {nw * lanes} threads per block, over the "
+            f"limit of {t.max_threads} ({t.what}); use num_warps <= {t.max_threads // lanes}"
+        )
+    foreign = sorted(k for k in cfg if k in ALL_BACKEND_OPTIONS and k not in BACKEND_OPTIONS[t.backend])
+    for k in foreign:
+        owner = next(b for b, opts in BACKEND_OPTIONS.items() if k in opts)
+        out.append(
+            f"{head}: option {k!r} is a {owner} launch option; the {t.backend} Triton backend raises "
+            f"KeyError for it at launch (limit: only {sorted(BACKEND_OPTIONS[t.backend])} allowed)"
+        )
+    if t.backend == "xpu":
+        if "threads_per_warp" in cfg and cfg["threads_per_warp"] not in t.sub_group_sizes:
+            out.append(f"{head}: threads_per_warp={cfg['threads_per_warp']} is not a sub-group size of "
+                       f"{t.name} (limit: {list(t.sub_group_sizes)})")
+        if nw > t.max_sub_groups:
+            out.append(f"{head}: num_warps={nw} sub-groups, over the limit of {t.max_sub_groups} per work-group")
+        grf = cfg.get("grf_mode", "default")
+        if grf not in GRF_MODES:
+            out.append(f"{head}: grf_mode={grf!r} is not one Intel's Triton accepts (limit: {sorted(GRF_MODES)})")
+        elif grf in LARGE_GRF and nw > 32:
+            out.append(f"{head}: grf_mode={grf!r} with num_warps={nw}: large GRF halves the threads "
+                       "(limit: num_warps <= 32)")
+    return out
+
+
+def table_limit_failures(tables: dict, targets: list[Target]) -> list[str]:
+    out = []
+    for t in targets:
+        table = tables[t.backend]
+        s = table.section_for(t.name)
+        lim = s.limits
+        where = f"table {table.path.name} [{s.name}] used for {t.name}"
+        if lim.warp_size != t.warp_size:
+            out.append(f"{where}: limits.warp_size={lim.warp_size}, but {t.name} runs {t.warp_size}-wide ({t.what})")
+        if lim.max_threads_per_block > t.max_threads:
+            out.append(f"{where}: limits.max_threads_per_block={lim.max_threads_per_block} over the "
+                       f"target's {t.max_threads}")
+        if lim.shared_mem_per_block > t.shared:
+            out.append(f"{where}: limits.shared_mem_per_block={lim.shared_mem_per_block} over the "
+                       f"target's {t.shared} ({t.what}); the resolver would accept configs that do not launch")
+    return out
+
+
+def _show(cfg: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in cfg.items())
+
+
+# --------------------------------------------------------------------------- compiling
+
+
+@dataclass
+class Job:
+    key: str
+    module: str
+    fn_name: str
+    signature: dict
+    constexprs: dict
+    attrs: dict
+    target: tuple
+    options: dict
+
+
+def make_jobs(item: Item, describe, triton_target: tuple | None = None) -> list[tuple[Job, str]]:
+    import triton
+
+    tgt = triton_target or item.target.triton
+    options = {"num_warps": item.cfg["num_warps"]}
+    if "num_stages" in item.cfg:
+        options["num_stages"] = item.cfg["num_stages"]
+    backend = "cuda" if tgt[0] == "cuda" else "rocm"
+    for k in BACKEND_OPTIONS[backend]:
+        if k in item.cfg:
+            options[k] = item.cfg[k]
+    out = []
+    for launch in describe(item.cfg, item.problem, DTYPE):
+        fn = launch.fn
+        payload = json.dumps(
+            [triton.__version__, fn.cache_key, list(tgt), sorted(options.items()),
+             sorted((k, repr(v)) for k, v in launch.constexprs.items()), sorted(launch.signature.items()),
+             sorted(launch.aligned)],
+            default=str,
+        )
+        key = hashlib.sha256(payload.encode()).hexdigest()
+        job = Job(key, fn.fn.__module__, fn.fn.__name__, launch.signature, launch.constexprs,
+                  launch.attrs(), tgt, options)
+        out.append((job, launch.variant))
+    return out
+
+
+def _cuobjdump() -> str | None:
+    try:
+        import triton.backends.nvidia as nv
+    except ImportError:
+        return None
+    path = Path(nv.__file__).parent / "bin" / "cuobjdump"
+    return str(path) if path.exists() else None
+
+
+def compile_job(job: Job) -> dict:
+    """Compile one job (in a worker) and read what the checks need."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(job.module), job.fn_name)
+    t0 = time.perf_counter()
+    try:
+        src = ASTSource(fn, job.signature, job.constexprs, job.attrs)
+        k = triton.compile(src, target=GPUTarget(*job.target), options=dict(job.options))
+    except Exception as e:  # the compiler's message is the report
+        msg = str(e).strip().splitlines()
+        return {"error": f"{type(e).__name__}: {msg[-1] if msg else ''}"[:400], "seconds": time.perf_counter() - t0}
+    md = k.metadata
+    res: dict[str, Any] = {"shared": int(md.shared), "num_warps": int(md.num_warps), "seconds": 0.0}
+    res["options"] = {o: getattr(md, o, None) for o in job.options if o not in ("num_warps", "num_stages")}
+    if job.target[0] == "hip":
+        text = k.asm.get("amdgcn", "")
+        res["vgpr_spills"] = sum(int(x) for x in re.findall(r"\.vgpr_spill_count:\s*(\d+)", text))
+        res["sgpr_spills"] = sum(int(x) for x in re.findall(r"\.sgpr_spill_count:\s*(\d+)", text))
+        vg = re.findall(r"\.vgpr_count:\s*(\d+)", text)
+        res["regs"] = max((int(x) for x in vg), default=None)
+    else:
+        tool = _cuobjdump()
+        if tool and "cubin" in k.asm:
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(k.asm["cubin"])
+                f.flush()
+                out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+            m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
+            if m:
+                res["regs"], res["stack"], res["static_shared"], res["local"] = map(int, m.groups())
+    res["seconds"] = time.perf_counter() - t0
+    return res
+
+
+def _worker_init(triton_cache: str) -> None:
+    os.environ["TRITON_CACHE_DIR"] = triton_cache
+
+
+def run_jobs(jobs: dict[str, Job], cache_dir: Path, n_jobs: int) -> tuple[dict[str, dict], int]:
+    """Results by job key: from the cache, else compiled in a pool and stored. Returns (results, hits)."""
+    results, todo = {}, []
+    for key, job in jobs.items():
+        f = cache_dir / key[:2] / f"{key}.json"
+        if f.exists():
+            try:
+                results[key] = json.loads(f.read_text())
+                continue
+            except (OSError, json.JSONDecodeError):
+                pass
+        todo.append(job)
+    hits = len(results)
+    if not todo:
+        return results, hits
+    triton_cache = tempfile.mkdtemp(prefix="vendor_matrix_triton_")
+    try:
+        if n_jobs <= 1 or len(todo) == 1:
+            _worker_init(triton_cache)
+            done = ((j, compile_job(j)) for j in todo)
+        else:
+            ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+            pool = cf.ProcessPoolExecutor(n_jobs, mp_context=ctx, initializer=_worker_init, initargs=(triton_cache,))
+            # Longest first (wide tiles, looped paths) so the pool ends together.
+            todo.sort(key=lambda j: -sum(v for v in j.constexprs.values() if isinstance(v, int) and not isinstance(v, bool)))
+            futs = {pool.submit(compile_job, j): j for j in todo}
+            done = ((futs[f], f.result()) for f in cf.as_completed(futs))
+        for job, res in done:
+            results[job.key] = res
+            f = cache_dir / job.key[:2] / f"{job.key}.json"
+            f.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(res))
+            tmp.replace(f)
+        if n_jobs > 1 and len(todo) > 1:
+            pool.shutdown()
+    finally:
+        shutil.rmtree(triton_cache, ignore_errors=True)
+    return results, hits
+
+
+# --------------------------------------------------------------------------- checks on results
+
+
+@dataclass
+class Cell:
+    configs: int = 0
+    compiles: int = 0
+    worst_shared: int = 0
+    limit: int = 0
+    spills: int = 0
+    failures: int = 0
+    estimated: bool = False
+
+    def text(self) -> str:
+        if not self.configs:
+            return "-"
+        s = f"{self.configs} {'~' if self.estimated else ''}{_kib(self.worst_shared)}/{_kib(self.limit)}"
+        if self.spills:
+            s += f" sp{self.spills}"
+        if self.failures:
+            s += f" F{self.failures}"
+        return s
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.0f}K" if n >= 1024 or n == 0 else f"{n / 1024:.1f}K"
+
+
+def result_failures(item: Item, variant: str, job: Job, res: dict, cell: Cell) -> tuple[list[str], list[str]]:
+    """(failures, spill warnings) of one compile."""
+    t = item.target
+    head = (f"{item.kernel}{' (' + variant + ')' if variant else ''} on {t.name} "
+            f"({_show(item.problem)}; {item.where}: {_show(item.cfg)})")
+    if "error" in res:
+        return [f"{head}: compile failed: {res['error']}"], []
+    out, warn = [], []
+    cell.compiles += 1
+    cell.worst_shared = max(cell.worst_shared, res["shared"])
+    if t.backend == "xpu":
+        cell.estimated = True
+        if res["shared"] > t.shared:
+            out.append(f"{head}: about {res['shared']} B of SLM per work-group (compiled for a 32-wide "
+                       f"target), over the limit of {t.shared} B ({t.what})")
+        return out, warn
+    if res["shared"] > t.shared:
+        kind = "LDS" if t.backend == "rocm" else "shared memory"
+        out.append(f"{head}: {res['shared']} B of {kind} per block, over the limit of {t.shared} B ({t.what})")
+    # Spills to memory: AMD VGPR spills (scratch), NVIDIA local memory. SGPR spills go to VGPR
+    # lanes, not memory: shown in the details, not counted.
+    spills = res.get("vgpr_spills", 0) + res.get("local", 0)
+    if spills:
+        cell.spills += 1
+        what = (f"{res.get('vgpr_spills', 0)} VGPR spills to scratch, {res.get('sgpr_spills', 0)} SGPR spills"
+                if t.backend == "rocm" else f"{res.get('local', 0)} B of local memory per thread")
+        warn.append(f"{head}: register spills ({what}; {res.get('regs')} registers), limit: no spills")
+    for opt, want in job.options.items():
+        if opt in ("num_warps", "num_stages"):
+            continue
+        got = res.get("options", {}).get(opt)
+        if got != want:
+            out.append(f"{head}: option {opt}={want!r} did not reach the {t.backend} compiler (metadata has "
+                       f"{got!r}); Triton drops options it does not know (limit: {sorted(BACKEND_OPTIONS[t.backend])})")
+    return out, warn
+
+
+# --------------------------------------------------------------------------- main
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "liger_portable" / "vendor_matrix"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--targets", default=",".join([*TARGETS, "xpu"]),
+                   help=f"comma-separated: {', '.join(TARGETS)}, xpu (all Intel families, static) or "
+                        f"{', '.join(XPU_TARGETS)} (default: all)")
+    p.add_argument("--kernels", default="", help="comma-separated spec names (default: every spec)")
+    p.add_argument("--full", action="store_true", help="also the tuner's search space over every rule's config")
+    p.add_argument("--ci", action="store_true", help="fewer problem sizes (every rule still hit); for CI")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile processes (default: CPUs)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help=f"result cache (default: {default_cache_dir()}; env LIGER_PORTABLE_MATRIX_CACHE)")
+    p.add_argument("--tables-dir", type=Path, default=None, help="backends/ directory to check (default: the package's)")
+    p.add_argument("--fail-on-spills", action="store_true", help="register spills are failures, not warnings")
+    p.add_argument("--limit", action="append", default=[], metavar="TARGET.FIELD=N",
+                   help="override a limit, e.g. gfx942.shared=32768 or sm80.shared=101376 (a smaller part)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    # The kernels must be real jit functions, not the interpreter's: drop TRITON_INTERPRET before
+    # anything imports liger_portable.ops (the test suite sets it).
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    from liger_portable import _paths
+
+    tables, failures = load_tables(args.tables_dir or _paths.backends_dir())
+    cache_dir = args.cache_dir or Path(os.environ.get("LIGER_PORTABLE_MATRIX_CACHE") or default_cache_dir())
+
+    all_targets = {**TARGETS, **XPU_TARGETS}
+    names = []
+    for n in filter(None, (s.strip() for s in args.targets.split(","))):
+        names += list(XPU_TARGETS) if n == "xpu" else [n]
+    unknown = [n for n in names if n not in all_targets]
+    if unknown:
+        print(f"unknown target(s) {unknown}; known: {', '.join(all_targets)}, xpu", file=sys.stderr)
+        return 2
+    for spec in args.limit:
+        m = re.fullmatch(r"([\w-]+)\.(shared|max_threads)=(\d+)", spec)
+        if not m or m.group(1) not in all_targets:
+            print(f"--limit {spec!r}: expected TARGET.shared=N or TARGET.max_threads=N", file=sys.stderr)
+            return 2
+        tgt = all_targets[m.group(1)]
+        all_targets[tgt.name] = replace(tgt, **{m.group(2): int(m.group(3))},
+                                        what=f"{tgt.what}; {m.group(2)} overridden to {m.group(3)} by --limit")
+    targets = [all_targets[n] for n in names]
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()] or list(SPECS)
+    bad = [k for k in kernels if k not in SPECS]
+    if bad:
+        print(f"unknown kernel(s) {bad}; known: {', '.join(SPECS)}", file=sys.stderr)
+        return 2
+
+    failures += table_limit_failures(tables, [t for t in targets if t.backend != "xpu"])
+    notes: list[str] = []
+    cells: dict[tuple[str, str], Cell] = {}
+    planned: list[tuple[Item, str, Job, Cell]] = []
+    jobs: dict[str, Job] = {}
+    for kernel in kernels:
+        look = cm.lookup(kernel)
+        if look.describe is None:
+            notes.append(f"{kernel}: skipped, {look.note}")
+            continue
+        for t in targets:
+            col = "xpu" if t.backend == "xpu" else t.name
+            cell = cells.setdefault((kernel, col), Cell(limit=t.shared))
+            cell.limit = min(cell.limit, t.shared)
+            seen, seen_cfg = set(), set()
+            for item in enumerate_configs(tables[t.backend], t, kernel, args.full, args.ci):
+                sig = json.dumps([item.cfg, item.problem], sort_keys=True)
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                cfg_sig = json.dumps(item.cfg, sort_keys=True)
+                if cfg_sig not in seen_cfg:
+                    seen_cfg.add(cfg_sig)
+                    cell.configs += 1
+                fails = static_failures(item)
+                if fails:
+                    cell.failures += len(fails)
+                    failures += fails
+                    if any("threads per block" in f for f in fails):
+                        continue  # would not launch; nothing more to learn from compiling it
+                try:
+                    made = make_jobs(item, look.describe, XPU_SMEM_PROXY if t.backend == "xpu" else None)
+                except Exception as e:
+                    cell.failures += 1
+                    failures.append(f"{kernel} on {t.name} ({item.where}): launch description failed: "
+                                    f"{type(e).__name__}: {e}")
+                    continue
+                for job, variant in made:
+                    jobs[job.key] = job
+                    planned.append((item, variant, job, cell))
+
+    results, hits = run_jobs(jobs, cache_dir, args.jobs)
+    warnings = []
+    for item, variant, job, cell in planned:
+        fails, warns = result_failures(item, variant, job, results[job.key], cell)
+        if args.fail_on_spills:
+            fails, warns = fails + warns, []
+        cell.failures += len(fails)
+        failures += fails
+        warnings += warns
+
+    # ---- report
+    cols = [t.name for t in targets if t.backend != "xpu"]
+    if any(t.backend == "xpu" for t in targets):
+        cols.append("xpu")
+    width = max(14, *(len(c.text()) for c in cells.values())) if cells else 14
+    kw = max([len("kernel"), *(len(k) for k in kernels)])
+    print("Vendor compile matrix: configs checked, worst shared memory / limit (KiB), sp<n>: configs that spill, "
+          "F<n>: failures")
+    print("(xpu: static checks of xe-hpc, xe-hpg, xe2; SLM ~ estimated from a 32-wide compile)")
+    print(f"{'kernel':<{kw}}  " + "  ".join(f"{c:<{width}}" for c in cols))
+    for k in kernels:
+        if not any((k, c) in cells for c in cols):
+            continue
+        print(f"{k:<{kw}}  " + "  ".join(f"{cells[(k, c)].text() if (k, c) in cells else '-':<{width}}" for c in cols))
+    for n in notes:
+        print(f"note: {n}")
+    elapsed = time.perf_counter() - t_start
+    print(f"{len(jobs)} compiles ({hits} from the cache {cache_dir}, {len(jobs) - hits} compiled with "
+          f"{args.jobs} jobs), {elapsed:.1f} s")
+    if warnings:
+        print(f"\n{len(warnings)} SPILL WARNING(S) (slow, not a launch failure; --fail-on-spills makes them failures):")
+        for w in warnings:
+            print(f"SPILL {w}")
+    if failures:
+        print(f"\n{len(failures)} FAILURE(S):")
+        for f in failures:
+            print(f"FAIL {f}")
+        return 1
+    print("OK: every config fits its target's limits")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

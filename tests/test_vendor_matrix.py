@@ -1,0 +1,134 @@
+"""The vendor compile matrix (scripts/vendor_matrix.py) catches configs another vendor cannot run.
+
+The matrix cross-compiles the real kernels, which needs them undecorated by the interpreter; this
+suite's process has TRITON_INTERPRET=1 (conftest), so the compiling cases run the script in a
+subprocess without it. Broken tables are copies of backends/*.json with one entry changed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "vendor_matrix.py"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    # Shared by the cases of this file: unchanged configs compile once.
+    return tmp_path_factory.mktemp("matrix_cache")
+
+
+def run_matrix(*args, cache: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--ci", "--jobs", "2", "--cache-dir", str(cache), *args],
+        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+    )
+
+
+def broken_tables(tmp_path: Path, backend: str, kernel: str, change: dict) -> Path:
+    """A copy of backends/ whose ``backend`` table has ``change`` merged into rule 0 of ``kernel``."""
+    d = tmp_path / "backends"
+    shutil.copytree(ROOT / "backends", d)
+    path = d / f"{backend}.json"
+    data = json.loads(path.read_text())
+    data["sections"]["default"]["kernels"][kernel]["rules"][0]["config"].update(change)
+    path.write_text(json.dumps(data))
+    return d
+
+
+def test_too_many_warps_for_wave64(tmp_path, cache_dir):
+    tables = broken_tables(tmp_path, "rocm", "rms_norm_fwd", {"num_warps": 32})
+    r = run_matrix("--tables-dir", str(tables), "--kernels", "rms_norm_fwd", "--targets", "gfx942", cache=cache_dir)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("FAIL rms_norm_fwd on gfx942"))
+    assert "num_warps=32 x wave size 64 = 2048 threads per block, over the limit of 1024" in line
+    # The resolver's own table validation rejects it as well, and says so.
+    assert "table validation: rocm.json" in r.stdout
+
+
+def test_lds_over_the_gfx942_limit(cache_dir):
+    # No table config of these kernels needs more than 64 KiB of LDS (the matrix shows 16 KiB for
+    # rms_norm_bwd), so the limit is lowered to prove the check reads kernel.metadata.shared.
+    r = run_matrix("--kernels", "rms_norm_bwd", "--targets", "gfx942", "--limit", "gfx942.shared=4096", cache=cache_dir)
+    assert r.returncode == 1, r.stdout + r.stderr
+    fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL rms_norm_bwd on gfx942")]
+    assert fails and all("B of LDS per block, over the limit of 4096 B" in ln for ln in fails)
+    assert "shared overridden to 4096" in fails[0]
+
+
+def test_amd_option_in_the_cuda_table(tmp_path, cache_dir):
+    tables = broken_tables(tmp_path, "cuda", "swiglu_fwd", {"waves_per_eu": 2})
+    r = run_matrix("--tables-dir", str(tables), "--kernels", "swiglu_fwd", "--targets", "sm90", cache=cache_dir)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("FAIL swiglu_fwd on sm90"))
+    assert "'waves_per_eu' is a rocm launch option" in line and "only ['maxnreg'] allowed" in line
+
+
+def test_real_compile_passes_and_is_cached(cache_dir):
+    args = ("--kernels", "swiglu_fwd,rope", "--targets", "sm90,gfx942")
+    r = run_matrix(*args, cache=cache_dir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "OK: every config fits" in r.stdout
+    rows = {ln.split()[0]: ln for ln in r.stdout.splitlines() if ln.startswith(("swiglu_fwd", "rope"))}
+    assert set(rows) == {"swiglu_fwd", "rope"} and "F" not in rows["rope"].split(None, 1)[1]
+    again = run_matrix(*args, cache=cache_dir)
+    assert again.returncode == 0 and " 0 compiled with" in again.stdout, again.stdout
+
+
+# --------------------------------------------------------------------------- static checks, in process
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("vendor_matrix", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("vendor_matrix", mod)
+    spec.loader.exec_module(mod)  # importing it leaves TRITON_INTERPRET alone (main() drops it)
+    return mod
+
+
+def test_xpu_static_checks():
+    vm = _load_script()
+    pvc = vm.XPU_TARGETS["xe-hpc"]
+
+    def fails(cfg):
+        return vm.static_failures(vm.Item("rms_norm_fwd", pvc, cfg, {"n_cols": 4096}, "test"))
+
+    assert fails({"num_warps": 32, "BLOCK_M": 1, "BLOCK_N_MAX": 8192, "grf_mode": "large"}) == []
+    assert any("2048 threads per block, over the limit of 1024" in f for f in fails({"num_warps": 64}))
+    assert any("grf_mode='huge'" in f for f in fails({"num_warps": 8, "grf_mode": "huge"}))
+    f = fails({"num_warps": 64, "threads_per_warp": 16, "grf_mode": "large"})
+    assert any("large GRF halves the threads (limit: num_warps <= 32)" in x for x in f)
+    assert any("is a cuda launch option" in x for x in fails({"num_warps": 8, "maxnreg": 128}))
+    assert any("threads_per_warp=8 is not a sub-group size" in x for x in fails({"num_warps": 8, "threads_per_warp": 8}))
+
+
+def test_descriptions_cover_every_kernel_argument():
+    """Each description names every argument of its jit function, with the config's constexprs."""
+    import inspect
+
+    from liger_portable import _compile_matrix as cm
+    from liger_portable._configs import load_table, table_config
+    from liger_portable._specs import SPECS
+
+    assert set(cm.DESCRIPTIONS) <= set(SPECS)
+    for name in cm.DESCRIPTIONS:
+        for p in cm.problems(name):
+            cfg, _ = table_config(load_table("rocm"), "gfx942", name, p)
+            for launch in cm.DESCRIPTIONS[name](cfg, p, "bfloat16"):
+                params = inspect.signature(launch.fn.fn).parameters
+                assert list(launch.signature) == [a for a in params if a in launch.signature], name
+                assert set(launch.signature) == set(params), (name, set(params) ^ set(launch.signature))
+                for k, v in cfg.items():
+                    if k in params:  # GLU's launch clamps BLOCK_N to short rows
+                        got = launch.constexprs[k]
+                        assert got == v or (k == "BLOCK_N" and got == max(16, 1 << (p["n_cols"] - 1).bit_length())), (name, k)
