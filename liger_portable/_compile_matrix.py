@@ -224,6 +224,28 @@ def _rope(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
     return out
 
 
+# --------------------------------------------------------------------------- cross-entropy (ops/cross_entropy.py)
+
+
+def _cross_entropy(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
+    """ce_rows: the plain loss (mean scale as a device tensor) and every option switched on."""
+    from .ops.cross_entropy import _ce_kernel
+
+    t = PTR[dtype]
+    ptrs = ["X", "G", "T", "LOSS", "ZLOSS", "SCALE"]
+    args = [("X", t), ("stride_x", "i32"), ("G", t), ("stride_g", "i32"), ("T", "*i64"), ("LOSS", "*fp32"),
+            ("ZLOSS", "*fp32"), ("SCALE", "*fp32"), ("stride_scale", "i32"), ("n_cols", "i32"),
+            ("ignore_index", "i32"), ("label_smoothing", "fp32"), ("lse_square_scale", "fp32"),
+            ("softcap", "fp32"), ("grad_scale", "fp32")]
+    out = []
+    for variant, on in (("plain", False), ("smoothing+z-loss+softcap", True)):
+        c = {"HAS_SMOOTH": on, "HAS_Z": on, "HAS_SOFTCAP": on, "HAS_SCALE": True, "RETURN_GRAD": True,
+             "BLOCK_V": cfg["BLOCK_V"]}
+        out.append(Launch(_ce_kernel, _sig(args, c), c, _aligned(ptrs, ["stride_x", "stride_g"], problem["n_cols"]),
+                          variant))
+    return out
+
+
 DESCRIPTIONS: dict[str, Describe] = {
     "rms_norm_fwd": _rms_norm_fwd(residual=False),
     "rms_norm_bwd": _rms_norm_bwd(dsum=False),
@@ -236,6 +258,9 @@ DESCRIPTIONS: dict[str, Describe] = {
     "geglu_fwd": _glu("gelu_tanh", backward=False),
     "geglu_bwd": _glu("gelu_tanh", backward=True),
     "rope": _rope,
+    # The fused linear cross-entropy launches the same kernel on each chunk's logits.
+    "cross_entropy": _cross_entropy,
+    "fused_linear_cross_entropy": _cross_entropy,
 }
 
 # Representative problems per key, for the default configs: row lengths that straddle every rule
