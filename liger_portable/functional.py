@@ -408,6 +408,16 @@ def _check_target_range(target: torch.Tensor, n_classes: int, ignore_index: int)
         )
 
 
+def _loss_result(loss: torch.Tensor, z: torch.Tensor | None, target: torch.Tensor, reduction: str, return_z_loss: bool):
+    """Shape the kernels' (loss, z-loss) as the public functions return them."""
+    if reduction == "none":
+        loss = loss.view(target.shape)
+        z = None if z is None else z.view(target.shape)
+    if not return_z_loss:
+        return loss
+    return loss, z if z is not None else torch.zeros_like(loss)
+
+
 def cross_entropy(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -486,12 +496,7 @@ def cross_entropy(
         _rows(logits), target.reshape(-1).contiguous(), ignore_index, label_smoothing, lse_square_scale,
         softcap, reduction, inplace_backward,
     )
-    if reduction == "none":
-        loss = loss.view(target.shape)
-        z = None if z is None else z.view(target.shape)
-    if not return_z_loss:
-        return loss
-    return loss, z if z is not None else torch.zeros_like(loss)
+    return _loss_result(loss, z, target, reduction, return_z_loss)
 
 
 def fused_linear_cross_entropy(
@@ -566,9 +571,4 @@ def fused_linear_cross_entropy(
         _rows(hidden), weight, target.reshape(-1).contiguous(), bias, ignore_index, label_smoothing,
         lse_square_scale, softcap, reduction,
     )
-    if reduction == "none":
-        loss = loss.view(target.shape)
-        z = None if z is None else z.view(target.shape)
-    if not return_z_loss:
-        return loss
-    return loss, z if z is not None else torch.zeros_like(loss)
+    return _loss_result(loss, z, target, reduction, return_z_loss)

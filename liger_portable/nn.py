@@ -157,7 +157,35 @@ class GEGLUMLP(_GatedMLP):
         return self.down_proj(F.geglu(self.gate_proj(x), self.up_proj(x), inplace_backward=True))
 
 
-class CrossEntropyLoss(nn.Module):
+class _LossOptions(nn.Module):
+    """The cross-entropy options shared by the two loss modules, checked at construction."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        lse_square_scale: float = 0.0,
+        softcap: float | None = None,
+        return_z_loss: bool = False,
+    ) -> None:
+        super().__init__()
+        F._check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.lse_square_scale = lse_square_scale
+        self.softcap = softcap
+        self.return_z_loss = return_z_loss
+
+    def extra_repr(self) -> str:
+        return (
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
+            f"lse_square_scale={self.lse_square_scale}, softcap={self.softcap}"
+        )
+
+
+class CrossEntropyLoss(_LossOptions):
     """Cross-entropy over the last dimension of the logits with Liger-Kernel's options; see
     :func:`liger_portable.functional.cross_entropy`. ``forward(logits, target)`` returns the loss,
     or ``(loss, z_loss)`` with ``return_z_loss``. The attributes ``ignore_index``, ``reduction`` and
@@ -173,15 +201,8 @@ class CrossEntropyLoss(nn.Module):
         return_z_loss: bool = False,
         inplace_backward: bool = False,
     ) -> None:
-        super().__init__()
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-        self.label_smoothing = label_smoothing
-        self.lse_square_scale = lse_square_scale
-        self.softcap = softcap
-        self.return_z_loss = return_z_loss
+        super().__init__(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
         self.inplace_backward = inplace_backward
-        F._check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor):
         return F.cross_entropy(
@@ -190,46 +211,16 @@ class CrossEntropyLoss(nn.Module):
             return_z_loss=self.return_z_loss, inplace_backward=self.inplace_backward,
         )
 
-    def extra_repr(self) -> str:
-        return (
-            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
-            f"lse_square_scale={self.lse_square_scale}, softcap={self.softcap}"
-        )
 
-
-class FusedLinearCrossEntropyLoss(nn.Module):
+class FusedLinearCrossEntropyLoss(_LossOptions):
     """Fused LM head + cross-entropy without materialising the logits; see
     :func:`liger_portable.functional.fused_linear_cross_entropy`. No parameters of its own:
     ``forward(lm_head_weight, hidden, target, bias=None)`` in Liger-Kernel's argument order
     returns the loss, or ``(loss, z_loss)`` with ``return_z_loss``."""
-
-    def __init__(
-        self,
-        ignore_index: int = -100,
-        reduction: str = "mean",
-        label_smoothing: float = 0.0,
-        lse_square_scale: float = 0.0,
-        softcap: float | None = None,
-        return_z_loss: bool = False,
-    ) -> None:
-        super().__init__()
-        self.ignore_index = ignore_index
-        self.reduction = reduction
-        self.label_smoothing = label_smoothing
-        self.lse_square_scale = lse_square_scale
-        self.softcap = softcap
-        self.return_z_loss = return_z_loss
-        F._check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
 
     def forward(self, lin_weight: torch.Tensor, hidden: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None):
         return F.fused_linear_cross_entropy(
             hidden, lin_weight, target, bias, ignore_index=self.ignore_index, reduction=self.reduction,
             label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
             return_z_loss=self.return_z_loss,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
-            f"lse_square_scale={self.lse_square_scale}, softcap={self.softcap}"
         )
