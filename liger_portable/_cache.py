@@ -1,4 +1,5 @@
-"""Tuned-config lookup: the user autotune cache, then the cache files shipped with the package.
+"""Tuned-config cache: lookup in the user autotune cache, then the cache files shipped with the
+package; and safe writing of tuned results into the user cache.
 
 File format (one JSON file per device model, named by :attr:`DeviceInfo.model_slug`, e.g.
 ``NVIDIA_H200.json``)::
@@ -17,23 +18,41 @@ File format (one JSON file per device model, named by :attr:`DeviceInfo.model_sl
 
 The key holds everything that invalidates a tuned result: the kernel's source version (a change of
 one kernel drops only its entries), Triton's major.minor, the dtype and the problem bucket the
-kernel declares (:class:`~liger_portable._specs.KernelSpec.bucket`). Writing, locking and the
-tuner come with the autotune issue; this module only reads, and never lets a bad file stop a run.
+kernel declares (:class:`~liger_portable._specs.KernelSpec.bucket`).
+
+Robustness rules (no cache problem ever stops training):
+
+* A corrupt, truncated or foreign-format file is skipped with one warning per file and process;
+  the next :func:`record` into it replaces it (nothing of it is kept).
+* :func:`record` takes an exclusive ``fcntl.flock`` on the sidecar ``<file>.lock``, re-reads the
+  file, merges, writes a temporary file in the same folder, fsyncs it and ``os.replace``-s it over
+  the cache file: concurrent writers lose nothing and a reader never sees half a file. Without
+  ``fcntl`` (Windows) writes go unlocked, with one warning.
+* An unwritable location degrades to an in-memory overlay (one warning); lookups see it first.
 """
 
 from __future__ import annotations
 
-import functools
+import datetime
 import json
+import os
+import tempfile
+import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
 from . import _paths
 from ._platform import DeviceInfo, platform
 from ._specs import KernelSpec
+
+try:  # POSIX only
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 FORMAT = 1
 
@@ -43,31 +62,73 @@ def triton_major_minor() -> str:
     return ".".join(v.split(".")[:2])
 
 
-def entry_key(spec: KernelSpec, named_problem: dict, dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def entry_key(spec: KernelSpec, named_problem: Mapping[str, int], dtype: torch.dtype) -> str:
     """The cache key of one tuned result (see the module docstring)."""
-    bucket = ",".join(f"{k}={v}" for k, v in spec.bucket(named_problem))
-    dtype_name = str(dtype).removeprefix("torch.")
-    return f"{spec.name}|{spec.version}|triton{triton_major_minor()}|{dtype_name}|{bucket}"
+    bucket = ",".join(f"{k}={v}" for k, v in spec.bucket(dict(named_problem)))
+    return f"{spec.name}|{spec.version}|triton{triton_major_minor()}|{dtype_name(dtype)}|{bucket}"
 
 
-@functools.lru_cache(maxsize=None)
-def _read(path: str) -> dict:
-    p = Path(path)
+# --------------------------------------------------------------------------- reading
+
+_state_lock = threading.RLock()
+_memo: dict[str, dict] = {}  # path -> entries as last read
+_overlay: dict[str, dict] = {}  # path -> entries kept in memory because the file is unwritable
+_warned: set[str] = set()
+_write_hooks: list[Callable[[], None]] = []
+
+
+def _warn_once(tag: str, msg: str) -> None:
+    with _state_lock:
+        if tag in _warned:
+            return
+        _warned.add(tag)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _parse(p: Path) -> dict:
+    """The entries of cache file ``p``; ``{}`` if it is missing, or (with one warning) unreadable
+    or of another format. Never raises."""
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:
-        warnings.warn(f"liger_portable: skipping unreadable autotune cache {p}: {e}", RuntimeWarning)
+        _warn_once(
+            f"bad:{p}",
+            f"liger_portable: skipping unreadable autotune cache {p}: {e}; the table defaults apply. "
+            "The next tuned result written there replaces the file (or delete it).",
+        )
+        return {}
+    except Exception as e:  # noqa: BLE001 - never let the cache stop a run
+        _warn_once(f"bad:{p}", f"liger_portable: skipping unreadable autotune cache {p}: {e!r}")
         return {}
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
-        warnings.warn(
+        _warn_once(
+            f"bad:{p}",
             f"liger_portable: skipping autotune cache {p}: not format {FORMAT} (written by another "
-            "version); it is rebuilt by `liger-portable warmup`",
-            RuntimeWarning,
+            "version); it is rebuilt by `liger-portable warmup` (the next tuned result replaces it)",
         )
         return {}
     return data["entries"]
+
+
+def _read(path: str) -> dict:
+    """Memoized :func:`_parse` (one read per file and process until :func:`record` or :func:`clear`)."""
+    hit = _memo.get(path)
+    if hit is None:
+        hit = _parse(Path(path))
+        with _state_lock:
+            _memo[path] = hit
+    return hit
+
+
+def _invalidate(path: str) -> None:
+    with _state_lock:
+        _memo.pop(path, None)
 
 
 def cache_files(device: DeviceInfo) -> list[tuple[str, Path]]:
@@ -76,18 +137,169 @@ def cache_files(device: DeviceInfo) -> list[tuple[str, Path]]:
     return [("user cache", _paths.user_cache_dir() / name), ("shipped cache", _paths.shipped_cache_dir() / name)]
 
 
-def lookup(spec: KernelSpec, device: DeviceInfo, named_problem: dict, dtype: torch.dtype) -> Iterator[tuple[dict, str]]:
-    """Yield ``(config, where)`` for each cache file holding a tuned entry, in lookup order."""
+def user_cache_file(device: DeviceInfo) -> Path:
+    """The read-write cache file of ``device``'s model."""
+    return cache_files(device)[0][1]
+
+
+def lookup(
+    spec: KernelSpec, device: DeviceInfo, named_problem: Mapping[str, int], dtype: torch.dtype
+) -> Iterator[tuple[dict, str]]:
+    """Yield ``(config, where)`` for each cache holding a tuned entry, in lookup order: the
+    in-memory overlay of an unwritable user cache, the user cache file, the shipped file."""
     key = None
     for label, path in cache_files(device):
-        entries = _read(str(path))
-        if not entries:
-            continue
-        key = key or entry_key(spec, named_problem, dtype)
+        sources = []
+        if label == "user cache" and str(path) in _overlay:
+            sources.append((_overlay[str(path)], f"{label} {path.name} (in memory)"))
+        sources.append((_read(str(path)), f"{label} {path.name}"))
+        for entries, where in sources:
+            if not entries:
+                continue
+            key = key or entry_key(spec, named_problem, dtype)
+            hit = entries.get(key)
+            if isinstance(hit, dict) and isinstance(hit.get("config"), dict):
+                yield hit["config"], where
+
+
+def lookup_entry(
+    spec: KernelSpec, device: DeviceInfo, named_problem: Mapping[str, int], dtype: torch.dtype
+) -> dict | None:
+    """The full user-cache entry (overlay first) for this problem, or ``None``."""
+    path = str(user_cache_file(device))
+    key = entry_key(spec, named_problem, dtype)
+    for entries in (_overlay.get(path, {}), _read(path)):
         hit = entries.get(key)
-        if isinstance(hit, dict) and isinstance(hit.get("config"), dict):
-            yield hit["config"], f"{label} {path.name}"
+        if isinstance(hit, dict):
+            return hit
+    return None
 
 
 def clear() -> None:
-    _read.cache_clear()
+    """Forget what was read and which warnings were given (not the in-memory overlay)."""
+    with _state_lock:
+        _memo.clear()
+        _warned.clear()
+
+
+def clear_overlay() -> None:
+    with _state_lock:
+        _overlay.clear()
+
+
+def on_write(hook: Callable[[], None]) -> None:
+    """Register a callable run after each :func:`record` (the resolver drops its memo)."""
+    _write_hooks.append(hook)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Exclusive inter-process lock on ``<path>.lock`` (plus a thread lock in this process)."""
+    with _state_lock:
+        if fcntl is None:  # pragma: no cover - Windows
+            _warn_once(
+                "nolock",
+                "liger_portable: no fcntl on this platform: autotune cache writes are not locked; "
+                "run one tuning process at a time (e.g. `liger-portable warmup` before training)",
+            )
+            yield
+            return
+        lock_path = path.with_name(path.name + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, fsync, and rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename durable; best effort (not every filesystem allows opening a folder)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def write_entries(path: Path, device_name: str, new: Mapping[str, dict]) -> None:
+    """Merge ``new`` into cache file ``path`` under the lock (lock, re-read, merge, atomic replace).
+
+    A corrupt or foreign file is replaced by one holding only ``new``. Raises ``OSError`` if the
+    location is not writable (:func:`record` turns that into the in-memory overlay).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):
+        current = _parse(path)
+        merged = {**current, **new}
+        data = {"format": FORMAT, "device": device_name, "entries": dict(sorted(merged.items()))}
+        _atomic_write(path, json.dumps(data, indent=1) + "\n")
+    _invalidate(str(path))
+
+
+def make_entry(config: Mapping[str, Any], time_ms: float | None, default_ms: float | None) -> dict:
+    """One cache entry: config, times, when and with which versions it was measured."""
+    p = platform()
+    return {
+        "config": dict(config),
+        "time_ms": None if time_ms is None else round(float(time_ms), 6),
+        "default_ms": None if default_ms is None else round(float(default_ms), 6),
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "versions": {"torch": p.torch_version, "triton": p.triton_version},
+    }
+
+
+def record(
+    spec: KernelSpec,
+    device: DeviceInfo,
+    named_problem: Mapping[str, int],
+    dtype: torch.dtype,
+    config: Mapping[str, Any],
+    time_ms: float | None,
+    default_ms: float | None,
+) -> str:
+    """Store a tuned result in the user cache of ``device``'s model; returns the entry key.
+
+    Never raises: an unwritable location keeps the entry in memory for this process (one warning
+    naming the file and the fix), and lookups see it.
+    """
+    key = entry_key(spec, named_problem, dtype)
+    entry = make_entry(config, time_ms, default_ms)
+    path = user_cache_file(device)
+    try:
+        write_entries(path, device.name, {key: entry})
+    except Exception as e:  # noqa: BLE001 - OSError mostly; never let the cache stop a run
+        with _state_lock:
+            _overlay.setdefault(str(path), {})[key] = entry
+        _warn_once(
+            f"unwritable:{path}",
+            f"liger_portable: cannot write the autotune cache {path}: {e}; tuned configs are kept in "
+            f"memory for this process only. Fix: make {path.parent} writable, or set "
+            f"{_paths.ENV_CACHE_DIR} to a writable folder.",
+        )
+    for hook in list(_write_hooks):
+        hook()
+    return key

@@ -6,10 +6,12 @@ dtype". It looks, in order, at
 1. the user autotune cache (``$LIGER_PORTABLE_CACHE_DIR`` or ``$XDG_CACHE_HOME/liger_portable``),
 2. the tuned files shipped in ``autotune_cache/``,
 3. the vendor table ``backends/<backend>.json``: the section of the device's arch, then the
-   vendor's ``default`` section,
+   vendor's ``default`` section.
 
-validates the answer against the device's limits (threads per block, shared memory) and the
-backend's option names, and memoizes it, so that a repeated call costs one dict lookup.
+With ``LIGER_PORTABLE_AUTOTUNE=1`` a miss in 1 and 2 is tuned once per process through the
+kernel's registered hook (:mod:`liger_portable._tune`) and recorded in 1 before falling back to 3.
+The answer is validated against the device's limits (threads per block, shared memory) and the
+backend's option names; answers are memoized, so that a repeated call costs one dict lookup.
 
 Table format (``backends/<backend>.json``)::
 
@@ -45,6 +47,7 @@ import fnmatch
 import functools
 import itertools
 import json
+import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -60,6 +63,7 @@ from ._specs import SPECS, KernelSpec
 SCHEMA = 1
 LIMIT_FIELDS = ("warp_size", "max_threads_per_block", "shared_mem_per_block")
 _GPU_BACKENDS = ("cuda", "rocm", "xpu")
+ENV_AUTOTUNE = "LIGER_PORTABLE_AUTOTUNE"  # "1": tune a cache miss once per process (see _tune)
 
 
 class ConfigError(ValueError):
@@ -393,7 +397,14 @@ def _clear_memo() -> None:
     _cache.clear()
 
 
+def _drop_resolved() -> None:
+    # A new tuned entry was written: forget resolved configs so the next resolve sees it. No lock:
+    # this may run inside resolve's locked section (runtime autotuning), and dict.clear is atomic.
+    _memo.clear()
+
+
 on_reset(_clear_memo)
+_cache.on_write(_drop_resolved)
 
 
 def make_resolved(kernel: str, cfg: dict[str, Any], source: str = "explicit") -> Resolved:
@@ -418,18 +429,32 @@ def _fit_to_device(cfg: dict[str, Any], limits: Limits) -> dict[str, Any]:
     return cfg
 
 
-def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> Resolved:
-    spec = SPECS[kernel]
-    named = dict(zip(spec.key, problem))
-    limits = Limits.of(device)
-    for hit in _cache.lookup(spec, device, named, dtype):
-        cfg, where = hit
+def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtype, limits: Limits) -> Resolved | None:
+    """The first legal tuned config in the caches (user, then shipped), or ``None``."""
+    for cfg, where in _cache.lookup(spec, device, named, dtype):
         try:
-            _check_config(cfg, spec, device.backend, limits, f"{where} kernel {kernel!r}")
+            _check_config(cfg, spec, device.backend, limits, f"{where} kernel {spec.name!r}")
         except ConfigError as e:
             _warn_once(f"liger_portable: ignoring a cached config: {e}")
             continue
         return _make(spec, cfg, where)
+    return None
+
+
+def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> Resolved:
+    spec = SPECS[kernel]
+    named = dict(zip(spec.key, problem))
+    limits = Limits.of(device)
+    hit = _cached(spec, device, named, dtype, limits)
+    if hit is not None:
+        return hit
+    if os.environ.get(ENV_AUTOTUNE) == "1":
+        from . import _tune  # late: _tune builds on this module
+
+        if _tune.autotune_miss(kernel, device, problem, dtype):
+            hit = _cached(spec, device, named, dtype, limits)
+            if hit is not None:
+                return hit
     table = load_table(device.backend)
     cfg, where = table_config(table, device.arch, kernel, named)
     try:

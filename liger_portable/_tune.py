@@ -1,0 +1,329 @@
+"""Tuning launch configs: time the search space, keep the fastest, never one slower than the table.
+
+Three parts:
+
+* :func:`tune` times every legal point of a kernel's search space (merged onto the table default
+  config) with a ``run`` callable, also times the table default, and records the winner in the user
+  cache (:func:`liger_portable._cache.record`). A config only wins if it beats the default by more
+  than the noise margin; otherwise the default is recorded, so a tuned entry is never slower than
+  the table beyond noise. A config whose launch raises (out of resources, ...) is skipped.
+* Runtime tuning: with ``LIGER_PORTABLE_AUTOTUNE=1``, a cache miss in
+  :func:`liger_portable._configs.resolve` calls the tuning hook registered for that kernel
+  (:func:`register_hook`) once per (kernel, device model, problem bucket, dtype) and process, and
+  records the result. Never during CUDA-graph capture (the table default is used, one warning),
+  and never inside an initialised multi-rank ``torch.distributed`` job (ranks would tune apart
+  and could deadlock on uneven misses): there, run ``liger-portable warmup`` under torchrun.
+* :func:`agree`: under ``torch.distributed``, the ranks that share a device model take the choice
+  of the lowest of them, so no two ranks with the same GPU model diverge.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, TypeVar
+
+import torch
+
+from . import _cache
+from ._configs import (
+    ConfigError,
+    Limits,
+    Resolved,
+    _check_config,
+    _fit_to_device,
+    load_table,
+    make_resolved,
+    search_configs,
+    table_config,
+)
+from ._platform import DeviceInfo
+from ._specs import SPECS
+
+NOISE = 0.02  # a config must beat the table default by more than this fraction to be chosen
+
+Run = Callable[[Resolved], Any]
+Timer = Callable[[Callable[[], Any]], float]
+# hook(device, named_problem, dtype) -> run: builds inputs for the problem, returns a callable that
+# launches the kernel once with the given config and returns its time in ms.
+TuneHook = Callable[[DeviceInfo, dict, torch.dtype], Callable[[Resolved], float]]
+
+T = TypeVar("T")
+
+
+def do_bench_ms(fn: Callable[[], Any]) -> float:
+    """Median time of ``fn`` in ms on the current GPU (``triton.testing.do_bench``, present in
+    Triton 3.6 and 3.9). Graph capture is not used, so tuning never happens inside it."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=5, rep=25, return_mode="median"))
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` found.
+
+    Attributes:
+        config: the chosen full config (the table default unless a point beat it beyond noise).
+        time_ms: the chosen config's time; default_ms: the table default's time (``None`` if it
+            failed to run).
+        source: ``"search"`` or ``"table default"``.
+        key: the cache entry key written.
+        timings: (config, ms) of every point that ran; skipped: (config, error) of those that raised.
+    """
+
+    config: dict[str, Any]
+    time_ms: float | None
+    default_ms: float | None
+    source: str
+    key: str
+    timings: list[tuple[dict, float]] = field(default_factory=list)
+    skipped: list[tuple[dict, str]] = field(default_factory=list)
+
+    @property
+    def gain(self) -> float | None:
+        """Relative speed-up over the table default (0.0 when the default was kept)."""
+        if self.time_ms is None or not self.default_ms:
+            return None
+        return 1.0 - self.time_ms / self.default_ms
+
+
+def default_config(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> dict[str, Any]:
+    """The table's config for ``named`` on ``device`` (fitted to its limits, as resolve does)."""
+    cfg, _ = table_config(load_table(device.backend), device.arch, kernel, dict(named))
+    cfg = dict(cfg)
+    spec, limits = SPECS[kernel], Limits.of(device)
+    try:
+        _check_config(cfg, spec, device.backend, limits, "table default")
+    except ConfigError:
+        cfg = _fit_to_device(cfg, limits)
+    return cfg
+
+
+def candidates(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Every distinct full config of the search space (merged onto the table default) that is
+    legal on ``device``; the table default itself is not included."""
+    table = load_table(device.backend)
+    spec, limits = SPECS[kernel], Limits.of(device)
+    base = default_config(kernel, device, named)
+    seen = {tuple(sorted(base.items()))}
+    out = []
+    for point in search_configs(table, device.arch, kernel, limits):
+        cfg = {**base, **point}
+        k = tuple(sorted(cfg.items()))
+        if k in seen:
+            continue
+        seen.add(k)
+        try:
+            _check_config(cfg, spec, device.backend, limits, "search")
+        except ConfigError:
+            continue
+        out.append(cfg)
+    return out
+
+
+def _measure(kernel: str, cfg: dict, run: Run, timer: Timer | None) -> float:
+    resolved = make_resolved(kernel, cfg, "tuning")
+    if timer is None:
+        ms = float(run(resolved))
+    else:
+        ms = float(timer(lambda: run(resolved)))
+    if not math.isfinite(ms) or ms <= 0:
+        raise ValueError(f"timer returned {ms!r}")
+    return ms
+
+
+def tune(
+    kernel: str,
+    device: DeviceInfo,
+    problem: tuple | Mapping[str, int],
+    dtype: torch.dtype,
+    run: Run,
+    *,
+    timer: Timer | None = None,
+    noise: float = NOISE,
+    record: bool = True,
+) -> TuneResult:
+    """Tune ``kernel`` for ``problem`` on ``device`` and record the result in the user cache.
+
+    Args:
+        problem: values in the order of the kernel spec's ``key``, or a dict of them.
+        run: ``run(resolved)`` launches the kernel with that config. Without ``timer`` it must
+            return the time in ms itself; with ``timer`` (e.g. :func:`do_bench_ms`) each config is
+            timed as ``timer(lambda: run(resolved))``.
+        noise: a searched config must be faster than the table default by more than this
+            fraction to be chosen.
+        record: write the result to the cache (the warmup's ``--dry-run`` does not).
+
+    A config whose run raises is skipped (listed in ``TuneResult.skipped``). If the table default
+    itself fails, the fastest config that ran wins; if nothing ran, the table default is kept
+    (with ``time_ms`` ``None``) and nothing is recorded.
+    """
+    spec = SPECS[kernel]
+    named = dict(problem) if isinstance(problem, Mapping) else dict(zip(spec.key, problem))
+    default = default_config(kernel, device, named)
+    result = TuneResult(default, None, None, "table default", _cache.entry_key(spec, named, dtype))
+    try:
+        result.default_ms = _measure(kernel, default, run, timer)
+        result.timings.append((default, result.default_ms))
+    except Exception as e:  # noqa: BLE001 - e.g. out of resources on this device
+        result.skipped.append((default, f"{type(e).__name__}: {e}"))
+    best: tuple[dict, float] | None = None
+    for cfg in candidates(kernel, device, named):
+        try:
+            ms = _measure(kernel, cfg, run, timer)
+        except Exception as e:  # noqa: BLE001
+            result.skipped.append((cfg, f"{type(e).__name__}: {e}"))
+            continue
+        result.timings.append((cfg, ms))
+        if best is None or ms < best[1]:
+            best = (cfg, ms)
+    if result.default_ms is not None:
+        result.time_ms = result.default_ms
+        if best is not None and best[1] < result.default_ms * (1.0 - noise):
+            result.config, result.time_ms, result.source = best[0], best[1], "search"
+    elif best is not None:
+        result.config, result.time_ms, result.source = best[0], best[1], "search"
+    if record and result.time_ms is not None:
+        _cache.record(spec, device, named, dtype, result.config, result.time_ms, result.default_ms)
+    return result
+
+
+# --------------------------------------------------------------------------- runtime tuning
+
+_hooks: dict[str, TuneHook] = {}
+_attempted: set[tuple[str, str, str]] = set()
+_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+
+def register_hook(kernel: str, hook: TuneHook) -> None:
+    """Register how to tune ``kernel`` at run time: ``hook(device, named_problem, dtype)`` returns
+    a ``run(resolved) -> ms`` for :func:`tune` (it allocates inputs of that problem and times the
+    kernel, e.g. with :func:`do_bench_ms`). It must launch with the explicit config it is given,
+    never through ``resolve`` (which holds its lock while tuning)."""
+    if kernel not in SPECS:
+        raise KeyError(f"register_hook: unknown kernel {kernel!r}; known kernels: {', '.join(SPECS)}")
+    _hooks[kernel] = hook
+
+
+def unregister_hook(kernel: str) -> None:
+    _hooks.pop(kernel, None)
+
+
+def reset_runtime() -> None:
+    """Forget which problems were tuned in this process (tests)."""
+    with _lock:
+        _attempted.clear()
+        _warned.clear()
+
+
+def _capturing() -> bool:
+    """True inside CUDA-graph capture on the current stream (tuning must not launch then)."""
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _multi_rank() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> bool:
+    """Called by ``resolve`` on a cache miss with ``LIGER_PORTABLE_AUTOTUNE=1``. Tunes once per
+    (kernel, device model, bucket, dtype) and process; returns True if a result was recorded.
+    Never raises: any failure leaves the table default in use (one warning)."""
+    spec = SPECS[kernel]
+    named = dict(zip(spec.key, problem))
+    try:
+        token = (kernel, device.model_slug, _cache.entry_key(spec, named, dtype))
+    except Exception:  # noqa: BLE001
+        return False
+    if _capturing():
+        _warn_once(
+            "liger_portable: LIGER_PORTABLE_AUTOTUNE=1 but a cache miss happened during CUDA-graph "
+            "capture; using the table default (tuning cannot launch inside capture). Run one eager "
+            "step before capturing, or `liger-portable warmup`."
+        )
+        return False
+    if _multi_rank():
+        _warn_once(
+            "liger_portable: LIGER_PORTABLE_AUTOTUNE=1 is not applied inside a multi-rank "
+            "torch.distributed job (ranks would tune apart); using cached or table configs. Run "
+            "`liger-portable warmup` under torchrun before training to tune once per device model."
+        )
+        return False
+    hook = _hooks.get(kernel)
+    if hook is None:
+        _warn_once(f"liger_portable: LIGER_PORTABLE_AUTOTUNE=1 but no tuning hook for {kernel!r}; using the table default")
+        return False
+    with _lock:
+        if token in _attempted:
+            return False
+        _attempted.add(token)
+    try:
+        result = tune(kernel, device, named, dtype, hook(device, named, dtype))
+    except Exception as e:  # noqa: BLE001 - tuning must never stop training
+        _warn_once(f"liger_portable: tuning {kernel} for {named} failed ({type(e).__name__}: {e}); using the table default")
+        return False
+    return result.time_ms is not None
+
+
+# --------------------------------------------------------------------------- rank agreement
+
+
+def _current_model() -> str:
+    from ._platform import platform
+
+    p = platform()
+    return p.device().model_slug if p.backend != "cpu" else "cpu"
+
+
+def agree(choice_fn: Callable[[], T], *, model: str | None = None, group: Any = None) -> T:
+    """Make the ranks that share a device model agree on one choice.
+
+    Without an initialised ``torch.distributed`` (or with one rank) this is ``choice_fn()``.
+    Otherwise ranks are grouped by device model (``model``, default the current device's model
+    slug), the lowest rank of each group calls ``choice_fn`` (tunes, or reads the cache) and every
+    rank of the group returns that rank's value. Every rank must call ``agree`` at the same point
+    (it runs two ``all_gather_object`` collectives over ``group``). If the leader's ``choice_fn``
+    raises, every rank of its group raises ``RuntimeError`` naming the leader and the error.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return choice_fn()
+    world = dist.get_world_size(group)
+    me = dist.get_rank(group)
+    mine = model if model is not None else _current_model()
+    models: list = [None] * world
+    dist.all_gather_object(models, mine, group=group)
+    leader = models.index(mine)
+    payload: tuple[str, Any] = ("none", None)
+    if me == leader:
+        try:
+            payload = ("ok", choice_fn())
+        except Exception as e:  # noqa: BLE001 - reported to the whole group below
+            payload = ("error", f"{type(e).__name__}: {e}")
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, payload, group=group)
+    status, value = gathered[leader]
+    if status != "ok":
+        raise RuntimeError(
+            f"liger_portable.agree: the choice of rank {leader} (leader of the {mine} ranks) failed: {value}"
+        )
+    return value

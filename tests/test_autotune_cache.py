@@ -1,0 +1,531 @@
+"""Autotune cache writing, the tuner (with fake timers) and rank agreement, all on the CPU.
+
+Writes: many processes at once lose nothing and never expose half a file; corrupt, truncated and
+foreign-format files warn once and are replaced by the next write; an unwritable location keeps
+entries in memory (one warning). Keys: a kernel-version change drops only that kernel's entries;
+problems in one bucket share an entry. The tuner picks the fastest legal config, never one slower
+than the table default beyond noise, skips configs that raise. LIGER_PORTABLE_AUTOTUNE=1 tunes a
+miss once through the registered hook. ``agree`` under gloo: ranks of one device model take their
+leader's choice.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from liger_portable import _cache, _configs, _paths, _platform, _specs, _tune
+from liger_portable._configs import ENV_AUTOTUNE, load_table, resolve, table_config
+from liger_portable._platform import ENV_BACKEND, DeviceInfo
+from liger_portable._specs import SPECS
+
+H200 = DeviceInfo("cuda", 0, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
+MI300 = DeviceInfo("rocm", 0, "AMD Instinct MI300X", "gfx942", 64, 304, 1024, 65536)
+KERNEL = "rms_norm_fwd"
+SPEC = SPECS[KERNEL]
+NAMED = {"n_cols": 4096, "n_rows": 1000}
+PROBLEM = (4096, 1000)
+CFG = {"num_warps": 2, "num_stages": 3, "BLOCK_M": 2, "BLOCK_N_MAX": 4096}
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch, tmp_path):
+    """Private user and shipped caches, no autotuning, fresh memos and hooks in every test."""
+    monkeypatch.delenv(ENV_BACKEND, raising=False)
+    monkeypatch.delenv(ENV_AUTOTUNE, raising=False)
+    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(tmp_path / "user_cache"))
+    shipped = tmp_path / "shipped_cache"
+    shipped.mkdir()
+    monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
+    _platform.reset()
+    _cache.clear_overlay()
+    _tune.reset_runtime()
+    yield
+    _tune.unregister_hook(KERNEL)
+    _tune.reset_runtime()
+    _cache.clear_overlay()
+    _platform.reset()
+
+
+def user_file(dev: DeviceInfo = H200) -> Path:
+    return _cache.user_cache_file(dev)
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def rows(i: int) -> dict:
+    """A problem whose bucket is distinct for each i (n_cols is not bucketed)."""
+    return {"n_cols": 128 + i, "n_rows": 64}
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def test_record_writes_entry_with_metadata():
+    key = _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    data = load(user_file())
+    assert data["format"] == _cache.FORMAT and data["device"] == "NVIDIA H200"
+    e = data["entries"][key]
+    assert e["config"] == CFG and e["time_ms"] == 0.05 and e["default_ms"] == 0.06
+    assert e["measured_at"].endswith("Z") and e["versions"]["torch"] == torch.__version__
+    assert set(e["versions"]) == {"torch", "triton"}
+    assert not list(user_file().parent.glob("*.tmp")), "temporary file left behind"
+
+
+def test_record_visible_to_lookup_and_resolve_immediately():
+    assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+    assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []  # memoized empty read
+    _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    assert [c for c, _ in _cache.lookup(SPEC, H200, NAMED, torch.bfloat16)] == [CFG]
+    r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
+    assert r.source == "user cache NVIDIA_H200.json" and r.config.to_dict() == CFG
+
+
+def test_record_merges_with_existing_entries():
+    k1 = _cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
+    k2 = _cache.record(SPEC, H200, rows(2), torch.float16, CFG, 0.07, 0.08)
+    k3 = _cache.record(SPEC, H200, rows(1), torch.bfloat16, {**CFG, "num_warps": 4}, 0.04, 0.06)
+    entries = load(user_file())["entries"]
+    assert k1 == k3 and set(entries) == {k1, k2}
+    assert entries[k1]["config"]["num_warps"] == 4  # the newer result replaces the older
+
+
+def _writer(proc: int, n: int) -> None:
+    for i in range(n):
+        _cache.record(SPEC, H200, rows(proc * 1000 + i), torch.bfloat16, CFG, 0.01 * (i + 1), 0.5)
+
+
+@pytest.mark.skipif(sys.platform == "win32" or "fork" not in mp.get_all_start_methods(), reason="needs fork")
+def test_concurrent_writers_lose_nothing_and_readers_never_see_half_a_file():
+    n_proc, n_each = 6, 20
+    path = user_file()
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(p, n_each)) for p in range(n_proc)]
+    for p in procs:
+        p.start()
+    reads = 0
+    while any(p.is_alive() for p in procs):  # read while they write: always a whole file
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue
+        json.loads(text)
+        reads += 1
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    entries = load(path)["entries"]
+    expected = {_cache.entry_key(SPEC, rows(p * 1000 + i), torch.bfloat16) for p in range(n_proc) for i in range(n_each)}
+    assert set(entries) == expected and len(entries) == n_proc * n_each
+    assert not list(path.parent.glob("*.tmp"))
+    assert reads > 0
+
+
+def test_threads_in_one_process_lose_nothing():
+    import threading
+
+    threads = [threading.Thread(target=_writer, args=(p, 10)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(load(user_file())["entries"]) == 40
+
+
+BAD_FILES = {
+    "truncated": b'{"format": 1, "device": "NVIDIA H200", "entries": {"rms_norm_fwd|abc',
+    "garbage": b"\xff\xfe\x00garbage\x80",
+    "empty": b"",
+    "foreign-format": json.dumps({"format": 99, "device": "NVIDIA H200", "entries": {"x": {}}}).encode(),
+    "foreign-shape": json.dumps([1, 2, 3]).encode(),
+}
+
+
+@pytest.mark.parametrize("content", list(BAD_FILES.values()), ids=list(BAD_FILES))
+def test_bad_file_warns_once_then_is_repaired_by_next_write(content):
+    path = user_file()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
+        assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+        key = _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+        hits = list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16))
+    msgs = [str(w.message) for w in rec if "autotune cache" in str(w.message)]
+    assert len(msgs) == 1, msgs
+    assert str(path) in msgs[0] and ("replaces" in msgs[0] or "warmup" in msgs[0])
+    data = load(path)
+    assert data["format"] == _cache.FORMAT and list(data["entries"]) == [key]  # nothing kept
+    assert hits == [(CFG, "user cache NVIDIA_H200.json")]
+
+
+def test_bad_file_repaired_by_write_without_prior_read():
+    path = user_file()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(BAD_FILES["truncated"])
+    with pytest.warns(RuntimeWarning, match="unreadable autotune cache"):
+        key = _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    assert list(load(path)["entries"]) == [key]
+
+
+def _assert_overlay(rec, path: Path) -> None:
+    msgs = [str(w.message) for w in rec if "cannot write the autotune cache" in str(w.message)]
+    assert len(msgs) == 1, msgs
+    assert str(path) in msgs[0] and _paths.ENV_CACHE_DIR in msgs[0]
+    hits = list(_cache.lookup(SPEC, H200, rows(0), torch.bfloat16))
+    assert hits and hits[0] == (CFG, "user cache NVIDIA_H200.json (in memory)")
+    assert len([1 for i in range(3) if list(_cache.lookup(SPEC, H200, rows(i), torch.bfloat16))]) == 3
+    r = resolve(KERNEL, H200, tuple(rows(1).values()), torch.bfloat16)
+    assert r.source == "user cache NVIDIA_H200.json (in memory)" and r.config.to_dict() == CFG
+
+
+def test_unwritable_location_simulated_degrades_to_memory(monkeypatch):
+    def deny(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(_cache.os, "replace", deny)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for i in range(3):
+            _cache.record(SPEC, H200, rows(i), torch.bfloat16, CFG, 0.05, 0.06)  # never raises
+        _assert_overlay(rec, user_file())
+    assert not user_file().exists() and not list(user_file().parent.glob("*.tmp"))
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_directory_degrades_to_memory():
+    d = user_file().parent
+    d.mkdir(parents=True)
+    d.chmod(0o500)
+    try:
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            for i in range(3):
+                _cache.record(SPEC, H200, rows(i), torch.bfloat16, CFG, 0.05, 0.06)
+            _assert_overlay(rec, user_file())
+    finally:
+        d.chmod(0o700)
+
+
+def test_cache_dir_is_a_file_degrades_to_memory(tmp_path, monkeypatch):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(blocker / "sub"))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for i in range(3):
+            _cache.record(SPEC, H200, rows(i), torch.bfloat16, CFG, 0.05, 0.06)
+        _assert_overlay(rec, user_file())
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def test_kernel_version_change_invalidates_only_that_kernel(monkeypatch):
+    _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    other = SPECS["layer_norm_fwd"]
+    _cache.record(other, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    monkeypatch.setitem(_specs._HASHES, SPEC.source, "0123456789ab")  # rms_norm.py changed
+    _platform.reset()
+    assert SPEC.version == "0123456789ab"
+    assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
+    assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+    assert [c for c, _ in _cache.lookup(other, H200, NAMED, torch.bfloat16)] == [CFG]
+
+
+def test_triton_version_is_part_of_the_key(monkeypatch):
+    _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    monkeypatch.setattr(_cache, "triton_major_minor", lambda: "99.1")
+    assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
+
+
+def test_problem_bucketing():
+    _cache.record(SPEC, H200, {"n_cols": 4096, "n_rows": 1000}, torch.bfloat16, CFG, 0.05, 0.06)
+    assert list(_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1024}, torch.bfloat16))
+    assert list(_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 513}, torch.bfloat16))
+    assert not list(_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1025}, torch.bfloat16))
+    assert not list(_cache.lookup(SPEC, H200, {"n_cols": 4097, "n_rows": 1000}, torch.bfloat16))
+    assert not list(_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1000}, torch.float16))
+    assert not list(_cache.lookup(SPEC, MI300, {"n_cols": 4096, "n_rows": 1000}, torch.bfloat16))
+    entries = load(user_file())["entries"]
+    assert len(entries) == 1 and list(entries)[0].endswith("|bfloat16|n_cols=4096,n_rows=1024")
+
+
+# --------------------------------------------------------------------------- tuner
+
+
+def default_of(dev: DeviceInfo, named: dict = NAMED, kernel: str = KERNEL) -> dict:
+    return dict(table_config(load_table(dev.backend), dev.arch, kernel, named)[0])
+
+
+def fake_run(times: dict, fallback: float = 1.0, raises=lambda cfg: False):
+    """``run(resolved) -> ms`` looked up by (num_warps, BLOCK_M); records the configs it saw."""
+    seen: list[dict] = []
+
+    def run(r):
+        cfg = r.config.to_dict()
+        seen.append(cfg)
+        if raises(cfg):
+            raise RuntimeError("out of resources: shared memory")
+        return times.get((cfg["num_warps"], cfg["BLOCK_M"]), fallback)
+
+    run.seen = seen
+    return run
+
+
+@pytest.mark.parametrize("dev", [H200, MI300], ids=["cuda", "rocm"])
+def test_candidates_are_legal_distinct_and_exclude_default(dev):
+    cands = _tune.candidates(KERNEL, dev, NAMED)
+    default = default_of(dev)
+    assert cands and default not in cands
+    assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
+    for c in cands:
+        assert set(c) >= set(default)  # the search may add backend options (waves_per_eu)
+        _configs._check_config(c, SPEC, dev.backend, _configs.Limits.of(dev), "test")
+
+
+def test_candidates_respect_device_limits():
+    small = DeviceInfo("cuda", 0, "Tiny GPU", "sm90", 32, 8, 256, 232448)  # at most 8 warps
+    cands = _tune.candidates(KERNEL, small, NAMED)
+    assert cands and all(c["num_warps"] <= 8 for c in cands)
+
+
+def test_tuner_picks_fastest_legal_config_and_records_it():
+    cands = _tune.candidates(KERNEL, H200, NAMED)
+    target = cands[len(cands) // 2]
+    run = fake_run({(target["num_warps"], target["BLOCK_M"]): 0.1})
+    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
+    assert res.source == "search" and res.default_ms == 1.0 and res.time_ms == 0.1
+    assert (res.config["num_warps"], res.config["BLOCK_M"]) == (target["num_warps"], target["BLOCK_M"])
+    assert run.seen[0] == default_of(H200) and len(run.seen) == len(cands) + 1
+    assert res.gain == pytest.approx(0.9)
+    e = load(user_file())["entries"][res.key]
+    assert e["config"] == res.config and e["time_ms"] == 0.1 and e["default_ms"] == 1.0
+    r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
+    assert r.source.startswith("user cache") and r.config.to_dict() == res.config
+
+
+@pytest.mark.parametrize("best_ratio", [1.5, 1.0, 0.99])
+def test_tuner_never_picks_slower_or_within_noise(best_ratio):
+    default = default_of(H200)
+    # every searched config is slower, equal, or only 1% faster: the table default is kept
+    run = fake_run({(default["num_warps"], default["BLOCK_M"]): 1.0}, fallback=best_ratio)
+    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
+    assert res.source == "table default" and res.config == default and res.time_ms == res.default_ms == 1.0
+    assert load(user_file())["entries"][res.key]["config"] == default
+
+
+def test_tuner_beyond_noise_wins():
+    default = default_of(H200)
+    run = fake_run({(default["num_warps"], default["BLOCK_M"]): 1.0}, fallback=0.97)
+    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
+    assert res.source == "search" and res.time_ms == 0.97
+
+
+def test_tuner_skips_configs_that_raise():
+    cands = _tune.candidates(KERNEL, H200, NAMED)
+    fastest = cands[0]
+    run = fake_run({(fastest["num_warps"], fastest["BLOCK_M"]): 0.01, (cands[-1]["num_warps"], cands[-1]["BLOCK_M"]): 0.5},
+                   raises=lambda c: (c["num_warps"], c["BLOCK_M"]) == (fastest["num_warps"], fastest["BLOCK_M"]))
+    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
+    assert res.skipped and all("out of resources" in err for _, err in res.skipped)
+    assert res.time_ms == 0.5 and (res.config["num_warps"], res.config["BLOCK_M"]) != (fastest["num_warps"], fastest["BLOCK_M"])
+
+
+def test_tuner_when_default_fails_and_when_all_fail():
+    default = default_of(H200)
+    is_default = lambda c: c == default  # noqa: E731
+    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, fake_run({}, fallback=0.3, raises=is_default))
+    assert res.default_ms is None and res.time_ms == 0.3 and res.source == "search"
+    assert load(user_file())["entries"][res.key]["default_ms"] is None
+    res = _tune.tune(KERNEL, H200, (4096, 5000), torch.bfloat16, fake_run({}, raises=lambda c: True))
+    assert res.time_ms is None and res.config == default
+    assert res.key not in load(user_file())["entries"]  # nothing measured, nothing recorded
+
+
+def test_tuner_with_injected_timer():
+    calls = []
+
+    def launch(r):
+        calls.append(r.config.num_warps)
+
+    def timer(fn):
+        fn()
+        return 1.0 / calls[-1]  # more warps is faster in this fake
+
+    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, launch, timer=timer, record=False)
+    assert res.config["num_warps"] == max(c["num_warps"] for c in _tune.candidates(KERNEL, H200, NAMED))
+    assert not user_file().exists()
+
+
+def test_tuner_bad_timer_value_is_skipped():
+    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, lambda r: float("nan"), record=False)
+    assert res.time_ms is None and len(res.skipped) == len(_tune.candidates(KERNEL, H200, NAMED)) + 1
+
+
+# --------------------------------------------------------------------------- runtime tuning
+
+
+def _hook(times: dict | None = None):
+    calls = []
+
+    def hook(device, named, dtype):
+        calls.append((device.model_slug, dict(named), dtype))
+        return fake_run(times or {}, fallback=1.0)
+
+    hook.calls = calls
+    return hook
+
+
+def test_miss_without_env_uses_table_and_does_not_tune():
+    hook = _hook()
+    _tune.register_hook(KERNEL, hook)
+    assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+    assert hook.calls == [] and not user_file().exists()
+
+
+def test_autotune_env_miss_tunes_once_and_records(monkeypatch):
+    cands = _tune.candidates(KERNEL, H200, NAMED)
+    target = cands[-1]
+    hook = _hook({(target["num_warps"], target["BLOCK_M"]): 0.2})
+    _tune.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
+    assert hook.calls == [("NVIDIA_H200", NAMED, torch.bfloat16)]
+    assert r.source == "user cache NVIDIA_H200.json"
+    assert (r.config.num_warps, r.config["BLOCK_M"]) == (target["num_warps"], target["BLOCK_M"])
+    # same bucket, and after the resolve memo is dropped: read from the cache, no second tuning
+    assert resolve(KERNEL, H200, (4096, 600), torch.bfloat16).source == "user cache NVIDIA_H200.json"
+    _platform.reset()
+    assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).config == r.config
+    assert len(hook.calls) == 1
+    # another bucket tunes once more
+    resolve(KERNEL, H200, (4096, 5000), torch.bfloat16)
+    assert len(hook.calls) == 2 and len(load(user_file())["entries"]) == 2
+
+
+def test_autotune_once_per_process_even_if_unrecorded(monkeypatch):
+    hook = _hook()
+    hook_all_fail = lambda d, n, t: (hook.calls.append(1), fake_run({}, raises=lambda c: True))[1]  # noqa: E731
+    _tune.register_hook(KERNEL, hook_all_fail)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    for _ in range(2):
+        _platform.reset()
+        assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+    assert len(hook.calls) == 1
+
+
+def test_autotune_hook_error_never_raises(monkeypatch):
+    def bad_hook(device, named, dtype):
+        raise MemoryError("cannot allocate the tuning inputs")
+
+    _tune.register_hook(KERNEL, bad_hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    with pytest.warns(RuntimeWarning, match="tuning rms_norm_fwd .* failed"):
+        assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+
+
+def test_autotune_without_hook_warns_and_uses_table(monkeypatch):
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    with pytest.warns(RuntimeWarning, match="no tuning hook"):
+        assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+
+
+def test_autotune_never_during_graph_capture(monkeypatch):
+    hook = _hook()
+    _tune.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    monkeypatch.setattr(_tune, "_capturing", lambda: True)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+        assert resolve(KERNEL, H200, (4096, 5000), torch.bfloat16).source.startswith("table")
+    assert hook.calls == []
+    assert len([w for w in rec if "CUDA-graph capture" in str(w.message)]) == 1
+
+
+def test_autotune_cache_hit_does_not_tune(monkeypatch):
+    _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    hook = _hook()
+    _tune.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).config.to_dict() == CFG
+    assert hook.calls == []
+
+
+def test_register_unknown_kernel():
+    with pytest.raises(KeyError, match="unknown kernel 'nope'"):
+        _tune.register_hook("nope", _hook())
+
+
+# --------------------------------------------------------------------------- rank agreement
+
+
+def test_agree_without_distributed_calls_choice_fn():
+    assert _tune.agree(lambda: 42, model="A") == 42
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import torch.distributed as dist
+    from liger_portable._tune import agree
+
+    rank, world, store, model = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+    # each rank's own choice differs: only agreement makes ranks of one model match
+    choice = agree(lambda: {"rank": rank, "num_warps": 2 ** rank}, model=model)
+    def boom():
+        raise RuntimeError("tuning failed on rank %d" % rank)
+    try:
+        agree(boom if model == "A" else (lambda: "fine"), model=model)
+        err = None
+    except RuntimeError as e:
+        err = str(e)
+    print(json.dumps({"rank": rank, "choice": choice, "err": err}))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_agree_under_gloo_groups_ranks_by_device_model(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    store = tmp_path / "store"
+    models = ["B", "A", "A"]  # the leader of "A" is rank 1; "B" is alone
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "GLOO_SOCKET_IFNAME": "lo"}
+    env.pop("TRITON_INTERPRET", None)
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(r), "3", str(store), m],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for r, m in enumerate(models)
+    ]
+    out = {}
+    deadline = time.monotonic() + 60
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("gloo workers hung")
+        assert p.returncode == 0, stderr[-2000:]
+        res = json.loads(stdout.strip().splitlines()[-1])
+        out[res["rank"]] = res
+    assert out[0]["choice"] == {"rank": 0, "num_warps": 1}  # "B" keeps its own
+    assert out[1]["choice"] == out[2]["choice"] == {"rank": 1, "num_warps": 2}  # "A" takes its leader's
+    assert out[0]["err"] is None
+    assert "rank 1" in out[1]["err"] and "tuning failed on rank 1" in out[2]["err"]

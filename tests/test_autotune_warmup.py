@@ -1,0 +1,93 @@
+"""The warmup's problem listing (``scripts/autotune_warmup.py --dry-run``), on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from liger_portable import _warmup
+from liger_portable._specs import SPECS
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "autotune_warmup.py"
+
+
+@pytest.fixture(scope="module")
+def warmup():
+    spec = importlib.util.spec_from_file_location("autotune_warmup", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_llama3_8b_step_problems():
+    probs = _warmup.step_problems(_warmup.PRESETS["llama-3-8b"], 8192, 4096, torch.bfloat16)
+    got = {(p.kernel, p.problem, p.launches) for p in probs}
+    assert got == {
+        ("rms_norm_fwd", (4096, 8192), 65),
+        ("rms_norm_bwd", (4096, 8192), 65),
+        ("rope", (128, 40, 4096), 64),
+        ("swiglu_fwd", (14336, 8192), 32),
+        ("swiglu_bwd", (14336, 8192), 32),
+        ("fused_linear_cross_entropy", (128256, 8192, 4096), 1),
+    }
+    for p in probs:  # every problem fits its kernel's spec key
+        assert len(p.problem) == len(SPECS[p.kernel].key) and p.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", sorted(_warmup.PRESETS))
+def test_every_preset_is_consistent(name):
+    m = _warmup.PRESETS[name]
+    assert m.heads % m.kv_heads == 0 and m.head_dim % 2 == 0
+    kernels = {p.kernel for p in _warmup.step_problems(m, 4096, 4096, torch.float16)}
+    assert f"{m.glu}_fwd" in kernels and "rope" in kernels
+
+
+def test_gemma2_uses_geglu_and_four_norms():
+    probs = _warmup.step_problems(_warmup.PRESETS["gemma-2-9b"], 4096, 2048, torch.bfloat16, loss="cross_entropy",
+                                  fused_add_norm=True)
+    kernels = {p.kernel: p for p in probs}
+    assert "geglu_fwd" in kernels and "swiglu_fwd" not in kernels
+    assert kernels["fused_add_rms_norm_fwd"].launches == 4 * 42
+    assert kernels["cross_entropy"].problem == (256000, 4096)
+    assert kernels["rope"].problem == (256, 24, 2048)
+
+
+def test_hf_config(tmp_path):
+    cfg = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+           "num_key_value_heads": 2, "vocab_size": 151936, "num_hidden_layers": 24, "hidden_act": "silu"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m = _warmup.model_shape(str(tmp_path))
+    assert (m.hidden, m.head_dim, m.kv_heads, m.glu, m.layers) == (896, 64, 2, "swiglu", 24)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ValueError, match="config.json: missing field"):
+        _warmup.model_shape(str(tmp_path / "config.json"))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown model 'llama-9'"):
+        _warmup.model_shape("llama-9")
+    with pytest.raises(ValueError, match="multiple of seq_len"):
+        _warmup.step_problems(_warmup.PRESETS["llama-3-8b"], 1000, 4096, torch.bfloat16)
+
+
+def test_dry_run_lists_and_dedupes(warmup, capsys):
+    assert warmup.main(["llama-3-8b", "--tokens", "8192", "16384", "--dtype", "bf16", "fp16", "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["problems"]
+    # per dtype: rms fwd/bwd, swiglu fwd/bwd, flce for each token count (10), one shared rope problem
+    assert len(rows) == 2 * 11 and out["model"]["hidden"] == 4096
+    assert sum(r["kernel"] == "rope" for r in rows) == 2
+    assert {r["dtype"] for r in rows} == {"bfloat16", "float16"}
+    assert warmup.main(["mistral-7b", "--tokens", "2048", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "n_cols=32768 n_rows=2048 hidden=4096" in text and "launches/step" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_real_run_without_gpu_says_use_dry_run(warmup, capsys):
+    assert warmup.main(["llama-3.2-1b", "--tokens", "2048"]) == 2
+    assert "--dry-run" in capsys.readouterr().err
