@@ -308,7 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="run every kernel on this device against the float64 fallback")
     check.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     check.set_defaults(func=cmd_check)
-    args = parser.parse_args(argv)
+    warmup = sub.add_parser(
+        "warmup", add_help=False, help="tune the kernel problems of one training step of a model (see `warmup -h`)"
+    )
+    warmup.set_defaults(func=None)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "warmup":
+        from .warmup import main as warmup_main
+
+        return warmup_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args)
     except (PlatformError, _configs.ConfigError) as e:

@@ -91,3 +91,20 @@ def test_dry_run_lists_and_dedupes(warmup, capsys):
 def test_real_run_without_gpu_says_use_dry_run(warmup, capsys):
     assert warmup.main(["llama-3.2-1b", "--tokens", "2048"]) == 2
     assert "--dry-run" in capsys.readouterr().err
+
+
+def test_cli_warmup_dry_run(capsys):
+    """`liger-portable warmup` runs the same code as the script (shipped in the wheel)."""
+    from liger_portable import cli
+
+    assert cli.main(["warmup", "mistral-7b", "--tokens", "2048", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel problems for mistral-7b" in out and "rms_norm_fwd" in out
+
+
+def test_cli_rejects_unknown_arguments():
+    from liger_portable import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["info", "--bogus"])
+    assert e.value.code == 2
