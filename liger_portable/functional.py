@@ -45,6 +45,12 @@ __all__ = [
 CASTING_MODES = ("llama", "gemma")
 
 
+def _kernel_path(ops, device: torch.device, x: torch.Tensor) -> bool:
+    """True if a call on ``x`` runs the Triton kernels of ``ops``: Triton is present, ``device`` is
+    the detected GPU backend's (or simulated), the dtype has kernels and there is work to do."""
+    return ops is not None and use_kernels(device) and x.dtype in KERNEL_DTYPES and x.numel() > 0
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a 2-D (rows, last dim) tensor whose last dimension is contiguous (no copy if possible)."""
     x2d = x.reshape(-1, x.shape[-1])
@@ -94,12 +100,7 @@ def rms_norm(
         raise ValueError("x must have at least one dimension (the one normalised), got a scalar")
     eps = _check_rms_norm_args(x, weight, eps, offset, casting_mode)
     device = same_device(x=x, weight=weight)
-    if (
-        _rms_norm_ops is None
-        or not use_kernels(device)
-        or x.dtype not in KERNEL_DTYPES
-        or x.numel() == 0
-    ):
+    if not _kernel_path(_rms_norm_ops, device, x):
         return fallback.rms_norm(x, weight, eps, float(offset), casting_mode)
     y = _rms_norm_ops.rms_norm(_rows(x), weight.contiguous(), eps, float(offset), casting_mode == "gemma")
     return y.view(x.shape)
@@ -152,12 +153,7 @@ def layer_norm(
     else:
         device = same_device(x=x, weight=weight)
     eps = check_nonneg_number("eps", eps)
-    if (
-        _layer_norm_ops is None
-        or not use_kernels(device)
-        or x.dtype not in KERNEL_DTYPES
-        or x.numel() == 0
-    ):
+    if not _kernel_path(_layer_norm_ops, device, x):
         return fallback.layer_norm(x, weight, bias, eps)
     y = _layer_norm_ops.layer_norm(
         _rows(x), weight.contiguous(), None if bias is None else bias.contiguous(), eps
@@ -206,12 +202,7 @@ def fused_add_rms_norm(
         )
     eps = _check_rms_norm_args(x, weight, eps, offset, casting_mode)
     device = same_device(x=x, residual=residual, weight=weight)
-    if (
-        _rms_norm_ops is None
-        or not use_kernels(device)
-        or x.dtype not in KERNEL_DTYPES
-        or x.numel() == 0
-    ):
+    if not _kernel_path(_rms_norm_ops, device, x):
         return fallback.fused_add_rms_norm(x, residual, weight, eps, float(offset), casting_mode)
     y, s = _rms_norm_ops.fused_add_rms_norm(
         _rows(x), _rows(residual), weight.contiguous(), eps, float(offset), casting_mode == "gemma"
@@ -232,13 +223,7 @@ def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> 
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be True or False, got {inplace_backward!r}")
     device = same_device(a=a, b=b)
-    if (
-        _glu_ops is None
-        or not use_kernels(device)
-        or a.dtype not in KERNEL_DTYPES
-        or a.dim() == 0
-        or a.numel() == 0
-    ):
+    if a.dim() == 0 or not _kernel_path(_glu_ops, device, a):
         return (fallback.swiglu if act == "silu" else fallback.geglu)(a, b)
     return _glu_ops.glu(_rows(a), _rows(b), act, inplace_backward).view(a.shape)
 
@@ -344,14 +329,7 @@ def rope(
     if sin.shape != cos.shape:
         raise ValueError(f"sin must have the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
     device = same_device(q=q, k=k, cos=cos, sin=sin)
-    if (
-        _rope_ops is None
-        or not use_kernels(device)
-        or q.dtype not in KERNEL_DTYPES
-        or k.dtype not in KERNEL_DTYPES
-        or q.numel() == 0
-        or k.numel() == 0
-    ):
+    if not (_kernel_path(_rope_ops, device, q) and _kernel_path(_rope_ops, device, k)):
         return fallback.rope(q, k, cos, sin, position_ids, unsqueeze_dim)
     if cos.shape[1] != seq:
         cos, sin = cos[:, :seq], sin[:, :seq]
@@ -483,12 +461,7 @@ def cross_entropy(
     if n_classes == 0:
         raise ValueError("logits must have at least one class (its last dimension is 0)")
     _check_target_range(target, n_classes, ignore_index)
-    if (
-        _ce_ops is None
-        or not use_kernels(device)
-        or logits.dtype not in KERNEL_DTYPES
-        or logits.numel() == 0
-    ):
+    if not _kernel_path(_ce_ops, device, logits):
         return fallback.cross_entropy(
             logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
         )
@@ -557,12 +530,7 @@ def fused_linear_cross_entropy(
     if weight.shape[0] == 0:
         raise ValueError("weight must have at least one class (its first dimension is 0)")
     _check_target_range(target, weight.shape[0], ignore_index)
-    if (
-        _flce_ops is None
-        or not use_kernels(device)
-        or hidden.dtype not in KERNEL_DTYPES
-        or hidden.numel() == 0
-    ):
+    if not _kernel_path(_flce_ops, device, hidden):
         return fallback.fused_linear_cross_entropy(
             hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale,
             softcap, return_z_loss,
