@@ -272,6 +272,23 @@ def test_kernel_interpreter_ignore_and_edges(simulated_device, poison):
 
 
 @pytest.mark.interpreter
+def test_kernel_interpreter_strided_grad_output(simulated_device, poison):
+    """reduction="none" under ``loss.sum()`` (grad_output expanded: stride 0, one element of
+    storage) and under a strided grad_output: the backward must read each row's factor at its
+    real stride, never past the storage."""
+    x, t = _inputs(7, 300, torch.float32)
+    ref = reference(x, t, reduction="none", label_smoothing=0.1)
+    leaf = x.clone().requires_grad_()
+    F.cross_entropy(leaf, t, reduction="none", label_smoothing=0.1).sum().backward()
+    assert rel_err(leaf.grad, ref[2]) <= 1e-5
+    go = torch.randn(14)[::2]
+    ref = reference(x, t, reduction="none", grad_out=go)
+    leaf = x.clone().requires_grad_()
+    F.cross_entropy(leaf, t, reduction="none").backward(go)
+    assert rel_err(leaf.grad, ref[2]) <= 1e-5
+
+
+@pytest.mark.interpreter
 def test_kernel_interpreter_large_magnitude(simulated_device, poison):
     g = torch.Generator().manual_seed(1)
     x = 1e4 + torch.randn(5, 700, generator=g) * 30

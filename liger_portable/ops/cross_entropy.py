@@ -191,7 +191,7 @@ def ce_rows(
         return loss, z
     _ce_kernel[(n_rows,)](
         logits, logits.stride(0), grad, grad.stride(0), target, loss, z if has_z else loss,
-        scale if scale is not None else loss, 0 if scale is None or scale.numel() == 1 else 1,
+        scale if scale is not None else loss, 0 if scale is None or scale.numel() == 1 else scale.stride(0),
         n_cols, ignore_index, float(label_smoothing), float(lse_square_scale),
         float(softcap) if softcap is not None else 1.0, float(grad_scale),
         HAS_SMOOTH=label_smoothing != 0.0, HAS_Z=has_z, HAS_SOFTCAP=softcap is not None,
@@ -203,7 +203,8 @@ def ce_rows(
 
 def scale_rows_(g: torch.Tensor, s: torch.Tensor, config: Resolved | None = None) -> torch.Tensor:
     """In place ``g[r] *= s[r]`` (``s`` of numel 1: one factor for all rows) on a 2-D ``g`` with a
-    contiguous last dimension; rows whose factor is exactly 1 are not touched. No host sync."""
+    contiguous last dimension; rows whose factor is exactly 1 are not touched. No host sync.
+    ``s`` may be strided (an expanded ``grad_output`` of ``loss.sum()`` has stride 0)."""
     n_rows, n_cols = g.shape
     if g.numel() == 0:
         return g
@@ -217,7 +218,7 @@ def scale_rows_(g: torch.Tensor, s: torch.Tensor, config: Resolved | None = None
         return g
     block = min(cfg.meta["BLOCK_V"], triton.next_power_of_2(n_cols))
     _scale_rows_kernel[(n_rows, triton.cdiv(n_cols, block))](
-        g, g.stride(0), s, 0 if s.numel() == 1 else 1, n_cols,
+        g, g.stride(0), s, 0 if s.numel() == 1 else s.stride(0), n_cols,
         BLOCK=block, num_warps=min(cfg.launch["num_warps"], max(1, block // 256)),
     )
     return g
