@@ -11,7 +11,7 @@ import importlib.util
 
 import torch
 
-from . import fallback
+from . import _dtensor, fallback
 from ._checks import KERNEL_DTYPES, check_choice, check_float, check_nonneg_number
 from ._dispatch import same_device, use_kernels
 
@@ -99,6 +99,10 @@ def rms_norm(
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (the one normalised), got a scalar")
     eps = _check_rms_norm_args(x, weight, eps, offset, casting_mode)
+    if _dtensor.any_dtensor(x, weight):
+        return _dtensor.rowwise(
+            lambda x, w: rms_norm(x, w, eps, offset=offset, casting_mode=casting_mode), [("x", x)], [("weight", weight)]
+        )
     device = same_device(x=x, weight=weight)
     if not _kernel_path(_rms_norm_ops, device, x):
         return fallback.rms_norm(x, weight, eps, float(offset), casting_mode)
@@ -149,10 +153,15 @@ def layer_norm(
                 f"bias must have shape ({x.shape[-1]},) to match the last dimension of x "
                 f"{tuple(x.shape)}, got {tuple(bias.shape)}; or pass bias=None"
             )
+    eps = check_nonneg_number("eps", eps)
+    if _dtensor.any_dtensor(x, weight, bias):
+        return _dtensor.rowwise(
+            lambda x, w, b: layer_norm(x, w, b, eps), [("x", x)], [("weight", weight), ("bias", bias)]
+        )
+    if bias is not None:
         device = same_device(x=x, weight=weight, bias=bias)
     else:
         device = same_device(x=x, weight=weight)
-    eps = check_nonneg_number("eps", eps)
     if not _kernel_path(_layer_norm_ops, device, x):
         return fallback.layer_norm(x, weight, bias, eps)
     y = _layer_norm_ops.layer_norm(
@@ -201,6 +210,11 @@ def fused_add_rms_norm(
             "convert it, e.g. residual.to(x.dtype)"
         )
     eps = _check_rms_norm_args(x, weight, eps, offset, casting_mode)
+    if _dtensor.any_dtensor(x, residual, weight):
+        return _dtensor.rowwise(
+            lambda x, r, w: fused_add_rms_norm(x, r, w, eps, offset=offset, casting_mode=casting_mode),
+            [("x", x), ("residual", residual)], [("weight", weight)],
+        )
     device = same_device(x=x, residual=residual, weight=weight)
     if not _kernel_path(_rms_norm_ops, device, x):
         return fallback.fused_add_rms_norm(x, residual, weight, eps, float(offset), casting_mode)
