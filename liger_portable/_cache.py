@@ -29,15 +29,24 @@ Robustness rules (no cache problem ever stops training):
   the cache file: concurrent writers lose nothing and a reader never sees half a file. Without
   ``fcntl`` (Windows) writes go unlocked, with one warning.
 * An unwritable location degrades to an in-memory overlay (one warning); lookups see it first.
+
+Run-time tuning across processes (:func:`liger_portable._tune.autotune_miss`) serialises on a second
+lock file per device model, ``<file>.tune.lock`` (:func:`tuning_lock`), held while one process tunes
+one problem: the others wait, re-read the cache (:func:`reread`) and take the recorded entry.
+``flock`` locks belong to the open file, so a process that dies releases its locks at once; a lock
+file left on disk by a dead process is therefore never stale.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import os
+import socket
 import tempfile
 import threading
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,6 +140,12 @@ def _invalidate(path: str) -> None:
         _memo.pop(path, None)
 
 
+def reread(device: DeviceInfo) -> None:
+    """Forget the memoized read of ``device``'s user cache file: the next lookup reads the file
+    again (it sees entries other processes recorded since this one last read it)."""
+    _invalidate(str(user_cache_file(device)))
+
+
 def cache_files(device: DeviceInfo) -> list[tuple[str, Path]]:
     """(label, path) of the cache files consulted for ``device``, in lookup order."""
     name = f"{device.model_slug}.json"
@@ -196,6 +211,41 @@ def on_write(hook: Callable[[], None]) -> None:
 
 
 @contextmanager
+def _held(fd: int, timeout: float | None) -> Iterator[bool]:
+    """Exclusive ``fcntl.flock`` on the open file ``fd``; yields whether it was taken.
+
+    ``timeout=None`` blocks until the lock is free; otherwise gives up after ``timeout`` seconds
+    (yields False, nothing held). The lock belongs to this open file: another open of the same
+    path, in this process or another, waits for it, and the kernel releases it if the process dies.
+    """
+    got = False
+    if timeout is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        got = True
+    else:
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                got = True
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                    raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.25)
+    try:
+        yield got
+    finally:
+        if got:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+@contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Exclusive inter-process lock on ``<path>.lock`` (plus a thread lock in this process)."""
     with _state_lock:
@@ -207,16 +257,68 @@ def _locked(path: Path) -> Iterator[None]:
             )
             yield
             return
-        lock_path = path.with_name(path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
+            with _held(fd, None):
                 yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+class NoTuningLock(OSError):
+    """The tuning lock cannot work here: no ``fcntl``, or the user cache is not writable (entries
+    would stay in one process's memory, so other processes could not see them)."""
+
+
+def tuning_lock_file(device: DeviceInfo) -> Path:
+    """The lock file that serialises tuning for ``device``'s model: ``<user cache file>.tune.lock``."""
+    path = user_cache_file(device)
+    return path.with_name(path.name + ".tune.lock")
+
+
+def lock_holder(device: DeviceInfo) -> str:
+    """Who took ``device``'s tuning lock last (``host pid N``), for messages; ``""`` if unknown."""
+    try:
+        return tuning_lock_file(device).read_text().strip()
+    except OSError:
+        return ""
+
+
+@contextmanager
+def tuning_lock(device: DeviceInfo, timeout: float | None) -> Iterator[bool]:
+    """Hold the exclusive tuning lock of ``device``'s model (one lock file in the user cache
+    folder, shared by every process that uses that folder); yields False if ``timeout`` seconds
+    passed first. The holder writes ``host pid N`` into the file (:func:`lock_holder`).
+
+    Distinct from the write lock of :func:`record`, which the holder takes while it records.
+
+    Raises:
+        NoTuningLock: no ``fcntl``, or the user cache location is not writable (or already fell
+            back to memory in this process): processes cannot share results through it.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        raise NoTuningLock("no fcntl on this platform")
+    path = user_cache_file(device)
+    if str(path) in _overlay:
+        raise NoTuningLock(f"{path} is not writable (tuned entries are kept in memory)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK | os.X_OK):  # record() would fall back to memory
+            raise PermissionError(errno.EACCES, "not writable", str(path.parent))
+        fd = os.open(tuning_lock_file(device), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise NoTuningLock(f"cannot lock in {path.parent}: {e}") from e
+    try:
+        with _held(fd, timeout) as got:
+            if got:  # who holds it, for a waiter's timeout message; best effort
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
+                except OSError:
+                    pass
+            yield got
+    finally:
+        os.close(fd)
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -9,17 +9,47 @@ Three parts:
   the table beyond noise. A config whose launch raises (out of resources, ...) is skipped.
 * Runtime tuning: with ``LIGER_PORTABLE_AUTOTUNE=1``, a cache miss in
   :func:`liger_portable._configs.resolve` calls the tuning hook registered for that kernel
-  (:func:`register_hook`) once per (kernel, device model, problem bucket, dtype) and process, and
-  records the result. Never during CUDA-graph capture (the table default is used, one warning),
-  and never inside an initialised multi-rank ``torch.distributed`` job (ranks would tune apart
-  and could deadlock on uneven misses): there, run ``liger-portable warmup`` under torchrun.
+  (:func:`register_hook`; :mod:`liger_portable._tune_hooks` provides one per kernel, registered on
+  the first miss) once per (kernel, device model, problem bucket, dtype) and process, and records
+  the result. Never during CUDA-graph capture (the table default is used, one warning).
 * :func:`agree`: under ``torch.distributed``, the ranks that share a device model take the choice
-  of the lowest of them, so no two ranks with the same GPU model diverge.
+  of the lowest of them, so no two ranks with the same GPU model diverge (the warmup uses it).
+
+Processes and ranks (runtime tuning). A miss takes the device model's tuning lock, a lock file in
+the user cache folder (:func:`liger_portable._cache.tuning_lock`), re-reads the cache, and tunes
+only if no other process recorded the entry meanwhile; otherwise it uses that entry. No
+collectives are involved, so ranks that miss at different points, or not at all, cannot deadlock:
+a rank waits at most for one tuning of one problem by another process. Hence:
+
+* Every process that shares the cache folder (all ranks of one node by default) tunes each
+  problem once and uses the same config.
+* Ranks on other nodes agree with them only if they share the folder, e.g.
+  ``LIGER_PORTABLE_CACHE_DIR`` on a shared file system whose ``flock`` works across hosts (NFS
+  v4, Lustre with ``flock``). Otherwise each node tunes once and nodes may choose different
+  configs: speed, and the last-bit rounding of a reduction, may then differ between nodes; results
+  stay correct. To make every node agree, run ``liger-portable warmup`` under torchrun before
+  training (it agrees through collectives) and train with the cache it wrote.
+* A process that waits longer than ``LIGER_PORTABLE_TUNE_LOCK_TIMEOUT`` seconds (default
+  :data:`LOCK_TIMEOUT_S`) uses the table default for that problem (one warning naming the holder)
+  and does not wait again: its later misses only try the lock. A process that dies while tuning
+  releases the lock at once (``flock``), so no lock goes stale.
+* The holder's timing (:func:`do_bench_ms`) waits for its own events only, never for the whole
+  device, so it does not wait for a collective in flight that a rank blocked on the lock has not
+  joined yet.
+* If the user cache is not writable (entries would stay in one process's memory) the lock cannot
+  share results: a single process still tunes, but inside a multi-rank ``torch.distributed`` job
+  the table default is used (one warning), as ranks would tune apart.
+
+Tuning one problem takes seconds to a few minutes (a compile and a timing per config); ranks that
+did not miss wait meanwhile in their next collective, so keep the collective timeout above that,
+or tune before training with ``liger-portable warmup``.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import statistics
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -27,7 +57,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import torch
 
-from . import _cache
+from . import _cache, _paths
 from ._configs import (
     ConfigError,
     Limits,
@@ -53,12 +83,53 @@ TuneHook = Callable[[DeviceInfo, dict, torch.dtype], Callable[[Resolved], float]
 T = TypeVar("T")
 
 
-def do_bench_ms(fn: Callable[[], Any]) -> float:
-    """Median time of ``fn`` in ms on the current GPU (``triton.testing.do_bench``, present in
-    Triton 3.6 and 3.9). Graph capture is not used, so tuning never happens inside it."""
-    from triton.testing import do_bench
+def _device_driver() -> Any:
+    """Triton's active driver (its device interface is ``torch.cuda`` or ``torch.xpu``)."""
+    from triton.runtime import driver
 
-    return float(do_bench(fn, warmup=5, rep=25, return_mode="median"))
+    return driver.active
+
+
+def do_bench_ms(fn: Callable[[], Any], warmup_ms: float = 5.0, rep_ms: float = 25.0) -> float:
+    """Median time of ``fn`` in ms on the current GPU and stream.
+
+    The method of ``triton.testing.do_bench`` (the L2 cache cleared before each timed run, event
+    timing, the run count from a first estimate), with one difference: it waits for its own events
+    only, never for the whole device. A device-wide synchronize would also wait for collectives in
+    flight on other streams (NCCL), which a rank waiting for the tuning lock may not have joined
+    yet: the holder would wait for the waiter and the waiter for the holder. Graph capture is not
+    used, so tuning never happens inside it.
+    """
+    driver = _device_driver()
+    di = driver.get_device_interface()
+
+    def event():
+        return di.Event(enable_timing=True)
+
+    done = event()
+    fn()  # compile and load first
+    done.record()
+    done.synchronize()
+    cache = driver.get_empty_cache_for_benchmark()
+    start, end = event(), event()
+    start.record()
+    for _ in range(5):
+        driver.clear_cache(cache)
+        fn()
+    end.record()
+    end.synchronize()
+    estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
+    n_warmup, n_repeat = max(1, int(warmup_ms / estimate_ms)), max(1, int(rep_ms / estimate_ms))
+    starts, ends = [event() for _ in range(n_repeat)], [event() for _ in range(n_repeat)]
+    for _ in range(n_warmup):
+        fn()
+    for s, e in zip(starts, ends):
+        driver.clear_cache(cache)
+        s.record()
+        fn()
+        e.record()
+    ends[-1].synchronize()
+    return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)))
 
 
 @dataclass
@@ -193,10 +264,15 @@ def tune(
 
 # --------------------------------------------------------------------------- runtime tuning
 
+ENV_LOCK_TIMEOUT = "LIGER_PORTABLE_TUNE_LOCK_TIMEOUT"
+LOCK_TIMEOUT_S = 900.0  # a wait for another process's tuning of one problem; generous on purpose
+
 _hooks: dict[str, TuneHook] = {}
 _attempted: set[tuple[str, str, str]] = set()
 _lock = threading.Lock()
 _warned: set[str] = set()
+_defaults_registered = False
+_gave_up: set[str] = set()  # device models whose tuning lock timed out in this process
 
 
 def _warn_once(msg: str) -> None:
@@ -209,7 +285,8 @@ def register_hook(kernel: str, hook: TuneHook) -> None:
     """Register how to tune ``kernel`` at run time: ``hook(device, named_problem, dtype)`` returns
     a ``run(resolved) -> ms`` for :func:`tune` (it allocates inputs of that problem and times the
     kernel, e.g. with :func:`do_bench_ms`). It must launch with the explicit config it is given,
-    never through ``resolve`` (which holds its lock while tuning)."""
+    never through ``resolve`` (which holds its lock while tuning). Replaces any hook of ``kernel``,
+    including the default one of :mod:`liger_portable._tune_hooks`."""
     if kernel not in SPECS:
         raise KeyError(f"register_hook: unknown kernel {kernel!r}; known kernels: {', '.join(SPECS)}")
     _hooks[kernel] = hook
@@ -224,6 +301,48 @@ def reset_runtime() -> None:
     with _lock:
         _attempted.clear()
         _warned.clear()
+        _gave_up.clear()
+
+
+def _register_defaults() -> None:
+    """Register the hooks of :mod:`liger_portable._tune_hooks` (once per process; late, so that
+    importing liger_portable does not import them). Hooks registered before are kept."""
+    global _defaults_registered
+    if _defaults_registered:
+        return
+    _defaults_registered = True
+    try:
+        from . import _tune_hooks
+
+        _tune_hooks.register_all()
+    except Exception as e:  # noqa: BLE001 - tuning must never stop training
+        _warn_once(f"liger_portable: cannot load the tuning hooks ({type(e).__name__}: {e}); using table defaults")
+
+
+def hook_for(kernel: str) -> TuneHook | None:
+    """The tuning hook of ``kernel`` (the default hooks are registered on first use), or None."""
+    if kernel not in _hooks:
+        _register_defaults()
+    return _hooks.get(kernel)
+
+
+def lock_timeout() -> float:
+    """Seconds a miss waits for another process's tuning: ``$LIGER_PORTABLE_TUNE_LOCK_TIMEOUT``,
+    else :data:`LOCK_TIMEOUT_S`."""
+    raw = os.environ.get(ENV_LOCK_TIMEOUT)
+    if raw is None:
+        return LOCK_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        _warn_once(
+            f"liger_portable: {ENV_LOCK_TIMEOUT}={raw!r} is not a number of seconds >= 0; "
+            f"using {LOCK_TIMEOUT_S:g}"
+        )
+        return LOCK_TIMEOUT_S
+    return value
 
 
 def _capturing() -> bool:
@@ -243,10 +362,22 @@ def _multi_rank() -> bool:
         return False
 
 
+def _tune_now(kernel: str, device: DeviceInfo, named: dict, dtype: torch.dtype, hook: TuneHook) -> bool:
+    """Build the hook's inputs, tune, record; the inputs are freed when this returns."""
+    try:
+        result = tune(kernel, device, named, dtype, hook(device, named, dtype))
+    except Exception as e:  # noqa: BLE001 - tuning must never stop training
+        _warn_once(f"liger_portable: tuning {kernel} for {named} failed ({type(e).__name__}: {e}); using the table default")
+        return False
+    return result.time_ms is not None
+
+
 def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> bool:
     """Called by ``resolve`` on a cache miss with ``LIGER_PORTABLE_AUTOTUNE=1``. Tunes once per
-    (kernel, device model, bucket, dtype) and process; returns True if a result was recorded.
-    Never raises: any failure leaves the table default in use (one warning)."""
+    (kernel, device model, bucket, dtype) and process under the device model's tuning lock (see the
+    module docstring), or takes the entry another process recorded meanwhile; returns True if the
+    user cache now holds an entry. Never raises: any failure leaves the table default in use (one
+    warning)."""
     spec = SPECS[kernel]
     named = dict(zip(spec.key, problem))
     try:
@@ -260,14 +391,7 @@ def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.
             "step before capturing, or `liger-portable warmup`."
         )
         return False
-    if _multi_rank():
-        _warn_once(
-            "liger_portable: LIGER_PORTABLE_AUTOTUNE=1 is not applied inside a multi-rank "
-            "torch.distributed job (ranks would tune apart); using cached or table configs. Run "
-            "`liger-portable warmup` under torchrun before training to tune once per device model."
-        )
-        return False
-    hook = _hooks.get(kernel)
+    hook = hook_for(kernel)
     if hook is None:
         _warn_once(f"liger_portable: LIGER_PORTABLE_AUTOTUNE=1 but no tuning hook for {kernel!r}; using the table default")
         return False
@@ -275,12 +399,36 @@ def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.
         if token in _attempted:
             return False
         _attempted.add(token)
+    # After one timeout for this device model, later misses only try the lock (no second long wait).
+    timeout = 0.0 if device.model_slug in _gave_up else lock_timeout()
     try:
-        result = tune(kernel, device, named, dtype, hook(device, named, dtype))
-    except Exception as e:  # noqa: BLE001 - tuning must never stop training
-        _warn_once(f"liger_portable: tuning {kernel} for {named} failed ({type(e).__name__}: {e}); using the table default")
-        return False
-    return result.time_ms is not None
+        with _cache.tuning_lock(device, timeout) as got:
+            if not got:
+                if device.model_slug in _gave_up:  # warned at the first timeout
+                    return False
+                _gave_up.add(device.model_slug)
+                holder = _cache.lock_holder(device)
+                _warn_once(
+                    f"liger_portable: waited {timeout:g} s for the tuning lock of {device.name} "
+                    f"({_cache.tuning_lock_file(device)}, held by {holder or 'another process'}); using "
+                    f"the table default for {kernel} {named}, and for later misses while the lock is "
+                    f"busy. Raise {ENV_LOCK_TIMEOUT}, or tune before training with `liger-portable warmup`."
+                )
+                return False
+            _cache.reread(device)  # another process may have tuned it while this one waited
+            if _cache.lookup_entry(spec, device, named, dtype) is not None:
+                return True
+            return _tune_now(kernel, device, named, dtype, hook)
+    except _cache.NoTuningLock as e:
+        if _multi_rank():
+            _warn_once(
+                f"liger_portable: LIGER_PORTABLE_AUTOTUNE=1 is not applied inside a multi-rank "
+                f"torch.distributed job when the autotune cache cannot be shared ({e}): ranks would "
+                f"tune apart. Using cached or table configs. Fix: set {_paths.ENV_CACHE_DIR} to a "
+                "writable folder, or run `liger-portable warmup` under torchrun before training."
+            )
+            return False
+        return _tune_now(kernel, device, named, dtype, hook)
 
 
 # --------------------------------------------------------------------------- rank agreement

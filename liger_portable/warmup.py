@@ -8,14 +8,22 @@
 
 ``--dry-run`` lists the problems (and, on a GPU, whether the cache already holds each) without
 tuning; it needs no GPU. A real run tunes each problem missing from the cache over the backend
-table's search space (:func:`liger_portable._tune.tune`) and records it in the user cache
-(``$LIGER_PORTABLE_CACHE_DIR`` or ``$XDG_CACHE_HOME/liger_portable``); a re-run with a current
-cache is a no-op. Under torchrun the ranks of one device model agree (:func:`_tune.agree`): the
-lowest tunes, the others take its result.
+table's search space (:func:`liger_portable._tune.tune`, timing the kernel through its hook in
+:mod:`liger_portable._tune_hooks` on random inputs of the problem's real size) and records it in
+the user cache (``$LIGER_PORTABLE_CACHE_DIR`` or ``$XDG_CACHE_HOME/liger_portable``); a re-run with
+a current cache is a no-op. Under torchrun the ranks of one device model agree
+(:func:`_tune.agree`): the lowest tunes, the others take its result and record it in their own
+cache, so every node ends with the same configs. Each tuning holds the device model's tuning lock
+(:func:`liger_portable._cache.tuning_lock`), so a warmup and a run with
+``LIGER_PORTABLE_AUTOTUNE=1`` that share the cache folder never tune one problem twice.
 
-Status: the problem listing and the driver are done; the kernel launch hooks that the real run
-times (``_tune.register_hook``) come with the GPU session, so a real run reports the kernels
-without a hook and tunes none of them.
+A progress line (on stderr) shows the problem being tuned, the elapsed time and an estimate of the
+time left. A problem whose tuning fails (e.g. its inputs do not fit in memory) is reported as
+``failed`` and the others continue; the exit status is then 1.
+
+Status: every kernel has a tuning hook, so a real run tunes every problem of the step. The
+driver, the hooks and the agreement are tested on the CPU (Triton interpreter, simulated devices,
+fake timers, gloo); timings on a GPU come from ``triton.testing.do_bench``.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -116,51 +125,112 @@ def _init_distributed() -> bool:
     return True
 
 
+class _Progress:
+    """``[i/n] what | elapsed, eta`` on stderr: one line rewritten in place on a terminal (the
+    problem being tuned, then its result), else one line per finished problem (logs)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+        self.width = 0
+
+    def show(self, done: int, text: str, *, finished: bool) -> None:
+        if not self.enabled or not (finished or self.tty):
+            return
+        elapsed = time.perf_counter() - self.t0
+        eta = f"eta {_fmt_s(elapsed / done * (self.total - done))}" if done else "eta ?"
+        line = f"[{done}/{self.total}] {text} | {_fmt_s(elapsed)} elapsed, {eta}"
+        if self.tty:  # one terminal row: a wrapped line could not be rewritten with \r
+            line = line[: shutil.get_terminal_size((120, 24)).columns - 1]
+            print("\r" + line.ljust(self.width), end="", file=sys.stderr, flush=True)
+            self.width = len(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=sys.stderr, flush=True)
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def _choose(p: _warmup.Problem, dev) -> dict:
+    """The cached entry of ``p``, else tune it under the device model's tuning lock (another
+    process may record it meanwhile: then its entry is taken). Never raises: a failure is a row."""
+    spec = SPECS[p.kernel]
+    entry = _cache.lookup_entry(spec, dev, p.named, p.dtype)
+    if entry is not None:  # current cache: a re-run is a no-op
+        return {**entry, "status": "cached"}
+    hook = _tune.hook_for(p.kernel)
+    if hook is None:
+        return {"status": "no hook"}
+
+    def tune() -> dict:
+        res = _tune.tune(p.kernel, dev, p.named, p.dtype, hook(dev, p.named, p.dtype))
+        if res.time_ms is None:
+            return {"status": "failed", "error": "; ".join(err for _, err in res.skipped[:2])}
+        return {"config": res.config, "time_ms": res.time_ms, "default_ms": res.default_ms, "status": "tuned"}
+
+    try:
+        try:
+            with _cache.tuning_lock(dev, _tune.lock_timeout()) as got:
+                if not got:
+                    return {"status": "failed", "error": f"tuning lock busy ({_cache.lock_holder(dev) or 'another process'})"}
+                _cache.reread(dev)
+                entry = _cache.lookup_entry(spec, dev, p.named, p.dtype)
+                if entry is not None:
+                    return {**entry, "status": "cached"}
+                return tune()
+        except _cache.NoTuningLock:  # unshared cache (kept in memory): nobody to wait for
+            return tune()
+    except Exception as e:  # noqa: BLE001 - report it, tune the other problems
+        return {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+
+
 def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     dev = _device()
     if dev is None:
         print("error: no GPU: a real warmup times kernels on the device; use --dry-run to list the work", file=sys.stderr)
         return 2
+    from liger_portable import _tune_hooks  # late: the dry run needs no kernels
+
+    _tune_hooks.register_all()
     distributed = _init_distributed()
     rank = int(os.environ.get("RANK", "0"))
-    rows, missing_hooks, t0 = [], set(), time.perf_counter()
-    for i, p in enumerate(probs, 1):
+    rows, problems_left, t0 = [], {}, time.perf_counter()
+    progress = _Progress(len(probs), enabled=rank == 0 and not args.json)
+    for i, p in enumerate(probs):
         spec = SPECS[p.kernel]
-
-        def choose(p=p, spec=spec) -> dict | None:
-            entry = _cache.lookup_entry(spec, dev, p.named, p.dtype)
-            if entry is not None:  # current cache: a re-run is a no-op
-                return {**entry, "status": "cached"}
-            hook = _tune._hooks.get(p.kernel)
-            if hook is None:
-                return None
-            res = _tune.tune(p.kernel, dev, p.named, p.dtype, hook(dev, p.named, p.dtype))
-            return {"config": res.config, "time_ms": res.time_ms, "default_ms": res.default_ms, "status": "tuned"}
-
-        got = _tune.agree(choose, model=dev.model_slug) if distributed else choose()
-        if got is None:
-            missing_hooks.add(p.kernel)
-            got = {"status": "no hook"}
-        elif distributed and got["status"] == "tuned" and _cache.lookup_entry(spec, dev, p.named, p.dtype) is None:
-            # another node's leader tuned it: record its result here too, so every rank reads it later
-            _cache.record(spec, dev, p.named, p.dtype, got["config"], got["time_ms"], got["default_ms"])
+        progress.show(i, f"{p.kernel} {p.describe()} {_cache.dtype_name(p.dtype)}", finished=False)
+        got = _tune.agree(lambda p=p: _choose(p, dev), model=dev.model_slug) if distributed else _choose(p, dev)
+        if distributed and got["status"] in ("tuned", "cached"):
+            _cache.reread(dev)  # the leader may share this cache folder and have recorded it already
+            if _cache.lookup_entry(spec, dev, p.named, p.dtype) is None:
+                # another node's leader chose it: record its result here too, so every rank reads it later
+                _cache.record(spec, dev, p.named, p.dtype, got["config"], got.get("time_ms"), got.get("default_ms"))
+        if got["status"] in ("no hook", "failed"):
+            problems_left[f"{p.kernel} {p.describe()}"] = got.get("error") or got["status"]
         gain = (1 - got["time_ms"] / got["default_ms"]) if got.get("time_ms") and got.get("default_ms") else None
         rows.append({"kernel": p.kernel, "problem": p.describe(), "dtype": _cache.dtype_name(p.dtype),
                      "config": " ".join(f"{k}={v}" for k, v in (got.get("config") or {}).items()),
                      "ms": f"{got['time_ms']:.4f}" if got.get("time_ms") else "",
                      "default ms": f"{got['default_ms']:.4f}" if got.get("default_ms") else "",
                      "gain": f"{gain:+.1%}" if gain is not None else "", "status": got["status"]})
-        if rank == 0 and not args.json:
-            print(f"\r[{i}/{len(probs)}] {p.kernel} {p.describe()} {got['status']}".ljust(100), end="", flush=True)
+        progress.show(i + 1, f"{p.kernel} {p.describe()} {_cache.dtype_name(p.dtype)}: {got['status']}", finished=True)
+    progress.close()
     if rank == 0:
         if args.json:
             print(json.dumps({"device": dev.name, "seconds": time.perf_counter() - t0, "results": rows}, indent=1))
         else:
-            print(f"\nwarmup of {len(probs)} problems on {dev.name}: {time.perf_counter() - t0:.1f} s")
+            print(f"warmup of {len(probs)} problems on {dev.name}: {time.perf_counter() - t0:.1f} s")
             print_table(rows, ["kernel", "problem", "dtype", "config", "ms", "default ms", "gain", "status"])
-        if missing_hooks:
-            print(f"not tuned (no tuning hook registered yet): {', '.join(sorted(missing_hooks))}", file=sys.stderr)
-    return 1 if missing_hooks else 0
+        for what, why in problems_left.items():
+            print(f"not tuned: {what}: {why}", file=sys.stderr)
+    return 1 if problems_left else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,11 @@ foreign-format files warn once and are replaced by the next write; an unwritable
 entries in memory (one warning). Keys: a kernel-version change drops only that kernel's entries;
 problems in one bucket share an entry. The tuner picks the fastest legal config, never one slower
 than the table default beyond noise, skips configs that raise. LIGER_PORTABLE_AUTOTUNE=1 tunes a
-miss once through the registered hook. ``agree`` under gloo: ranks of one device model take their
-leader's choice.
+miss once through the registered hook, under the device model's tuning lock: processes that share
+the cache folder tune each problem once and agree (gloo ranks, no collectives in resolve), a dead
+holder releases the lock at once, a live one makes a waiter fall back to the table after the
+timeout; with an unshareable (unwritable) cache a multi-rank job does not tune. ``agree`` under
+gloo: ranks of one device model take their leader's choice.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def fresh(monkeypatch, tmp_path):
     _platform.reset()
     _cache.clear_overlay()
     _tune.reset_runtime()
+    # only the fake hooks of these tests: the real ones (_tune_hooks) would launch on a GPU
+    monkeypatch.setattr(_tune, "_register_defaults", lambda: None)
     yield
     _tune.unregister_hook(KERNEL)
     _tune.reset_runtime()
@@ -480,41 +485,81 @@ def test_agree_without_distributed_calls_choice_fn():
 
 WORKER = textwrap.dedent(
     """
-    import json, sys
+    import json, sys, time
+    import torch
     import torch.distributed as dist
-    from liger_portable._tune import agree
+    from liger_portable import _tune, resolve
+    from liger_portable._platform import DeviceInfo
 
-    rank, world, store, model = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    rank, world, store, model, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
-    # each rank's own choice differs: only agreement makes ranks of one model match
-    choice = agree(lambda: {"rank": rank, "num_warps": 2 ** rank}, model=model)
+
+    # 1. agree(): each rank's own choice differs: only agreement makes ranks of one model match
+    choice = _tune.agree(lambda: {"rank": rank, "num_warps": 2 ** rank}, model=model)
     def boom():
         raise RuntimeError("tuning failed on rank %d" % rank)
     try:
-        agree(boom if model == "A" else (lambda: "fine"), model=model)
+        _tune.agree(boom if model == "A" else (lambda: "fine"), model=model)
         err = None
     except RuntimeError as e:
         err = str(e)
-    print(json.dumps({"rank": rank, "choice": choice, "err": err}))
+
+    # 2. run-time tuning (LIGER_PORTABLE_AUTOTUNE=1, one cache folder): no collective in resolve;
+    # the tuning lock makes the ranks tune each problem once and take the recorded entry.
+    _tune._register_defaults = lambda: None
+    DEV = DeviceInfo("cuda", 0, "Test GPU 9000", "sm90", 32, 132, 1024, 232448)
+    all_candidates = _tune.candidates
+    _tune.candidates = lambda k, d, n: all_candidates(k, d, n)[:3]
+
+    def hook(device, named, dtype):
+        with open(log, "a") as f:
+            f.write(json.dumps({"rank": rank, "problem": named}) + "\\n")
+        time.sleep(0.3)  # a slow tuning: the other ranks reach the lock meanwhile
+        cands = _tune.candidates("rms_norm_fwd", device, named)
+
+        def run(r):
+            cfg = r.config.to_dict()
+            if cfg not in cands:
+                return 1.0  # the table default
+            # each rank's timings favour another candidate: only sharing makes the ranks agree
+            return 0.5 + 0.1 * ((cands.index(cfg) - rank) % len(cands))
+        return run
+
+    _tune.register_hook("rms_norm_fwd", hook)
+    problems = [(4096 + i, 1000) for i in range(4)]
+    order = problems[rank:] + problems[:rank]  # ranks miss in different orders
+    dist.barrier()
+    tuned = {str(p): resolve("rms_norm_fwd", DEV, p, torch.bfloat16).config.to_dict() for p in order}
+    dist.barrier()  # a collective after uneven misses: every rank gets here
+    print(json.dumps({"rank": rank, "choice": choice, "err": err, "tuned": tuned}))
     dist.destroy_process_group()
     """
 )
+GLOO_DEV = DeviceInfo("cuda", 0, "Test GPU 9000", "sm90", 32, 132, 1024, 232448)
 
 
-def test_agree_under_gloo_groups_ranks_by_device_model(tmp_path):
+def test_ranks_under_gloo_agree_and_tune_once(tmp_path, monkeypatch):
+    """Three gloo ranks in one job (one process start for both checks, to keep CI fast).
+
+    1. ``agree`` groups ranks by device model: the leader's choice (or its error) reaches its group.
+    2. ``LIGER_PORTABLE_AUTOTUNE=1`` with an empty shared cache: every rank resolves the same config
+       for every problem, exactly one rank tuned each problem (the others waited for the lock and
+       read its entry), and nothing hangs although ranks miss in different orders.
+    """
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    store = tmp_path / "store"
+    store, log = tmp_path / "store", tmp_path / "tuned.log"
     models = ["B", "A", "A"]  # the leader of "A" is rank 1; "B" is alone
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "GLOO_SOCKET_IFNAME": "lo"}
     env.pop("TRITON_INTERPRET", None)
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), "3", str(store), m],
+        subprocess.Popen([sys.executable, str(script), str(r), "3", str(store), m, str(log)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for r, m in enumerate(models)
     ]
     out = {}
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     for p in procs:
         try:
             stdout, stderr = p.communicate(timeout=max(1, deadline - time.monotonic()))
@@ -525,7 +570,191 @@ def test_agree_under_gloo_groups_ranks_by_device_model(tmp_path):
         assert p.returncode == 0, stderr[-2000:]
         res = json.loads(stdout.strip().splitlines()[-1])
         out[res["rank"]] = res
+    # 1. agree
     assert out[0]["choice"] == {"rank": 0, "num_warps": 1}  # "B" keeps its own
     assert out[1]["choice"] == out[2]["choice"] == {"rank": 1, "num_warps": 2}  # "A" takes its leader's
     assert out[0]["err"] is None
     assert "rank 1" in out[1]["err"] and "tuning failed on rank 1" in out[2]["err"]
+    # 2. run-time tuning: one tuning per problem, every rank the same config
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    problems = [{"n_cols": 4096 + i, "n_rows": 1000} for i in range(4)]
+    assert sorted((ln["problem"]["n_cols"] for ln in lines)) == [p["n_cols"] for p in problems], lines
+    assert out[0]["tuned"] == out[1]["tuned"] == out[2]["tuned"]
+    entries = load(_cache.user_cache_file(GLOO_DEV))["entries"]
+    assert len(entries) == 4
+    for ln in lines:
+        named, tuner = ln["problem"], ln["rank"]
+        # the config is the one the tuning rank's timings favour (another rank's would differ)
+        expected = _tune.candidates(KERNEL, GLOO_DEV, named)[:3][tuner % 3]
+        assert out[0]["tuned"][str((named["n_cols"], named["n_rows"]))] == expected
+        assert entries[_cache.entry_key(SPEC, named, torch.bfloat16)]["config"] == expected
+
+
+# --------------------------------------------------------------------------- tuning lock
+
+
+def test_waiter_takes_the_entry_recorded_while_it_waited(monkeypatch):
+    """Another holder of the tuning lock records the entry; the waiting miss uses it, no tuning."""
+    import threading
+
+    hook = _hook()
+    _tune.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []  # memoized: empty
+    held, release = threading.Event(), threading.Event()
+
+    def other_process():  # a separate open file: flock treats it as another process
+        with _cache.tuning_lock(H200, None) as got:
+            assert got
+            held.set()
+            release.wait(10)
+            _cache.write_entries(user_file(), H200.name, {_cache.entry_key(SPEC, NAMED, torch.bfloat16):
+                                                          _cache.make_entry(CFG, 0.05, 0.06)})
+
+    t = threading.Thread(target=other_process)
+    t.start()
+    assert held.wait(10)
+    threading.Timer(0.2, release.set).start()
+    r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)  # waits for the lock, re-reads the cache
+    t.join(10)
+    assert r.config.to_dict() == CFG and r.source == "user cache NVIDIA_H200.json"
+    assert hook.calls == []
+
+
+def test_lock_timeout_falls_back_to_table_once(monkeypatch):
+    hook = _hook()
+    _tune.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    monkeypatch.setenv(_tune.ENV_LOCK_TIMEOUT, "0.2")
+    with _cache.tuning_lock(H200, None) as got, warnings.catch_warnings(record=True) as rec:
+        assert got
+        warnings.simplefilter("always")
+        assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+        t0 = time.monotonic()
+        assert resolve(KERNEL, H200, (4096, 5000), torch.bfloat16).source.startswith("table")
+        assert time.monotonic() - t0 < 0.15  # no second long wait after one timeout
+    msgs = [str(w.message) for w in rec if "tuning lock" in str(w.message)]
+    assert len(msgs) == 1 and f"pid {os.getpid()}" in msgs[0] and _tune.ENV_LOCK_TIMEOUT in msgs[0]
+    assert hook.calls == []
+    # lock free again: the next miss tunes
+    resolve(KERNEL, H200, (4096, 20000), torch.bfloat16)
+    assert len(hook.calls) == 1
+
+
+HOLDER = textwrap.dedent(
+    """
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    time.sleep(300)
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks")
+def test_lock_of_a_dead_process_is_released_at_once(tmp_path, monkeypatch):
+    lock = _cache.tuning_lock_file(H200)
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with _cache.tuning_lock(H200, 0.05) as got:
+            assert not got  # held by a live process
+    finally:
+        holder.kill()  # dies holding the lock; the lock file stays on disk
+        holder.wait(10)
+    assert lock.exists()
+    hook = _hook()
+    _tune.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    t0 = time.monotonic()
+    r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
+    assert time.monotonic() - t0 < 5 and len(hook.calls) == 1
+    assert r.source == "user cache NVIDIA_H200.json"
+
+
+def test_unwritable_cache_multi_rank_does_not_tune(tmp_path, monkeypatch):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(blocker / "sub"))
+    hook = _hook()
+    _tune.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    monkeypatch.setattr(_tune, "_multi_rank", lambda: True)
+    with pytest.warns(RuntimeWarning, match="multi-rank .* cannot be shared"):
+        assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+    assert hook.calls == []
+
+
+def test_unwritable_cache_single_process_tunes_in_memory(tmp_path, monkeypatch):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(blocker / "sub"))
+    hook = _hook()
+    _tune.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    with pytest.warns(RuntimeWarning, match="cannot write the autotune cache"):
+        r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
+    assert len(hook.calls) == 1 and r.source == "user cache NVIDIA_H200.json (in memory)"
+
+
+def test_lock_timeout_setting(monkeypatch):
+    monkeypatch.delenv(_tune.ENV_LOCK_TIMEOUT, raising=False)
+    assert _tune.lock_timeout() == _tune.LOCK_TIMEOUT_S
+    monkeypatch.setenv(_tune.ENV_LOCK_TIMEOUT, "12.5")
+    assert _tune.lock_timeout() == 12.5
+    monkeypatch.setenv(_tune.ENV_LOCK_TIMEOUT, "soon")
+    with pytest.warns(RuntimeWarning, match="LIGER_PORTABLE_TUNE_LOCK_TIMEOUT='soon' is not a number"):
+        assert _tune.lock_timeout() == _tune.LOCK_TIMEOUT_S
+
+
+def test_do_bench_waits_for_its_own_events_only(monkeypatch):
+    """The timer never synchronizes the whole device (that would also wait for collectives in
+    flight, which a rank blocked on the tuning lock may not have joined): a fake driver whose
+    device-wide synchronize fails, a fake clock advanced by each run."""
+    clock = [0.0]
+    cleared = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            assert self.t is not None, "waited for an event never recorded"
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    class DeviceInterface:
+        Event = FakeEvent
+
+        @staticmethod
+        def synchronize():
+            raise AssertionError("device-wide synchronize")
+
+    class Driver:
+        def get_device_interface(self):
+            return DeviceInterface
+
+        def get_empty_cache_for_benchmark(self):
+            return "l2 buffer"
+
+        def clear_cache(self, cache):
+            cleared.append(cache)
+
+    runs = []
+
+    def fn():
+        runs.append(1)
+        clock[0] += 100.0 if len(runs) == 1 else 0.25  # the first run compiles
+
+    monkeypatch.setattr(_tune, "_device_driver", lambda: Driver())
+    assert _tune.do_bench_ms(fn, warmup_ms=1.0, rep_ms=6.0) == 0.25  # the compile run is not timed
+    n_warmup, n_timed = int(1.0 / 0.25), int(6.0 / 0.25)
+    assert len(runs) == 1 + 5 + n_warmup + n_timed
+    assert len(cleared) == 5 + n_timed  # the L2 cache cleared before each estimated and timed run

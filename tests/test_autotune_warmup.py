@@ -108,3 +108,49 @@ def test_cli_rejects_unknown_arguments():
     with pytest.raises(SystemExit) as e:
         cli.main(["info", "--bogus"])
     assert e.value.code == 2
+
+
+# --------------------------------------------------------------------------- a real run (simulated device)
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 48, "intermediate_size": 80, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 300, "num_hidden_layers": 2, "hidden_act": "silu"}
+
+
+@pytest.mark.interpreter
+def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypatch, capsys):
+    """A real run with the default hooks on a simulated H200 (kernels in the Triton interpreter,
+    a fake timer): every problem of the step is tuned and recorded; a re-run tunes nothing."""
+    from conftest import SIMULATED_DEVICES
+    from liger_portable import _cache, _paths, _platform, _tune
+    from liger_portable import warmup as warmup_mod
+    from liger_portable._dispatch import simulate
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
+    monkeypatch.setattr(_tune, "_hooks", {})  # the default hooks, registered by the run
+    monkeypatch.setattr(_tune, "candidates", lambda k, d, n, _all=_tune.candidates: _all(k, d, n)[:1])
+    timed = []
+    monkeypatch.setattr(_tune, "do_bench_ms", lambda fn: (fn(), timed.append(1), 1.0)[2])
+    dev = SIMULATED_DEVICES["cuda-sm90"]
+    monkeypatch.setattr(warmup_mod, "_device", lambda: dev)
+    _platform.reset()
+    args = [str(tmp_path), "--tokens", "32", "--seq-len", "16", "--dtype", "fp32"]
+    with simulate(dev):
+        assert warmup.main(args) == 0
+        first = capsys.readouterr()
+        n_timed = len(timed)
+        assert warmup.main([*args, "--json"]) == 0
+        second = json.loads(capsys.readouterr().out)
+    probs = warmup_mod.problems_of(warmup_mod.parse_args(args))
+    assert {p.kernel for p in probs} == {"rms_norm_fwd", "rms_norm_bwd", "rope", "swiglu_fwd", "swiglu_bwd",
+                                         "fused_linear_cross_entropy"}
+    assert n_timed == 2 * len(probs)  # the table default and one candidate each
+    for p in probs:
+        assert _cache.lookup_entry(SPECS[p.kernel], dev, p.named, p.dtype) is not None, p
+    assert first.out.count(" tuned") == len(probs) and "not tuned" not in first.err
+    assert f"[{len(probs)}/{len(probs)}]" in first.err and "elapsed" in first.err and "eta" in first.err
+    assert [r["status"] for r in second["results"]] == ["cached"] * len(probs)
+    assert len(timed) == n_timed  # the re-run timed nothing

@@ -1,0 +1,316 @@
+"""The tuning hooks (liger_portable._tune_hooks), on the CPU in the Triton interpreter.
+
+For every kernel spec there is a hook; its ``run(resolved)`` launches that kernel through the op's
+launch function with exactly the given config (a spy sees the very Resolved; ``resolve`` is never
+called), its outputs match an independent float64 reference (the PyTorch fallback, or
+``torch.nn.functional``) for the table default and searched configs, and ``tune()`` over the hook
+with a fake timer records the winner. The default hooks are registered lazily (on the first
+miss with ``LIGER_PORTABLE_AUTOTUNE=1``), never by ``import liger_portable``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import liger_portable
+from conftest import SIMULATED_DEVICES, TOL, rel_err
+from liger_portable import _cache, _paths, _platform, _tune, _tune_hooks, fallback
+from liger_portable._configs import ENV_AUTOTUNE, Resolved, make_resolved, resolve
+from liger_portable._platform import DeviceInfo
+from liger_portable._specs import SPECS
+from liger_portable.ops import cross_entropy as ce_ops
+from liger_portable.ops import fused_linear_cross_entropy as flce_ops
+from liger_portable.ops import glu as glu_ops
+from liger_portable.ops import layer_norm as ln_ops
+from liger_portable.ops import rms_norm as rms_ops
+from liger_portable.ops import rope as rope_ops
+
+pytestmark = pytest.mark.interpreter
+
+EPS = _tune_hooks.EPS
+DEVICE_NAMES = sorted(SIMULATED_DEVICES)
+OPS_MODULES = (rms_ops, ln_ops, glu_ops, rope_ops, ce_ops, flce_ops)
+
+# Tiny problems with odd sizes (the interpreter costs about 1 ms per program).
+ROWS = {"n_cols": 100, "n_rows": 19}
+PROBLEMS = {
+    **{k: ROWS for k in SPECS if SPECS[k].key == ("n_cols", "n_rows")},
+    "cross_entropy": {"n_cols": 300, "n_rows": 13},
+    "rope": {"head_dim": 16, "n_heads": 5, "seq_len": 9},
+    "fused_linear_cross_entropy": {"n_cols": 300, "n_rows": 13, "hidden": 24},
+}
+
+# The op launch function each kernel's hook must call (with config=resolved).
+LAUNCHERS = {
+    "rms_norm_fwd": (rms_ops, "rms_norm_fwd"),
+    "rms_norm_bwd": (rms_ops, "rms_norm_bwd"),
+    "fused_add_rms_norm_fwd": (rms_ops, "fused_add_rms_norm_fwd"),
+    "fused_add_rms_norm_bwd": (rms_ops, "fused_add_rms_norm_bwd"),
+    "layer_norm_fwd": (ln_ops, "layer_norm_fwd"),
+    "layer_norm_bwd": (ln_ops, "layer_norm_bwd"),
+    "swiglu_fwd": (glu_ops, "glu_fwd"),
+    "swiglu_bwd": (glu_ops, "glu_bwd"),
+    "geglu_fwd": (glu_ops, "glu_fwd"),
+    "geglu_bwd": (glu_ops, "glu_bwd"),
+    "rope": (rope_ops, "rope_fwd"),
+    "cross_entropy": (ce_ops, "ce_rows"),
+    "fused_linear_cross_entropy": (flce_ops, "flce_fwd"),
+}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(monkeypatch, tmp_path):
+    """A private user cache, no shipped cache, no autotuning, the hook registry restored after."""
+    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(tmp_path / "user_cache"))
+    monkeypatch.delenv(ENV_AUTOTUNE, raising=False)
+    shipped = tmp_path / "shipped_cache"
+    shipped.mkdir()
+    monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
+    monkeypatch.setattr(_tune, "_hooks", {})
+    monkeypatch.setattr(_tune, "_defaults_registered", False)
+    _platform.reset()
+    _tune.reset_runtime()
+    yield
+    _tune.reset_runtime()
+    _platform.reset()
+
+
+# --------------------------------------------------------------------------- references (float64)
+
+
+def _d(t: torch.Tensor, grad: bool = False) -> torch.Tensor:
+    return t.detach().double().requires_grad_(grad)
+
+
+def _glu_ref(kernel: str):
+    return fallback.swiglu if kernel.startswith("swiglu") else fallback.geglu
+
+
+def reference(kernel: str, inp: dict) -> tuple:
+    """What the op returns, computed independently in float64 from the hook's inputs (None where
+    the op returns None)."""
+    if kernel == "rms_norm_fwd":
+        x = _d(inp["x"])
+        return fallback.rms_norm(x, _d(inp["weight"]), EPS, 0.0, "llama"), torch.rsqrt(x.pow(2).mean(-1) + EPS)
+    if kernel == "rms_norm_bwd":
+        x, w = _d(inp["x"], True), _d(inp["weight"], True)
+        fallback.rms_norm(x, w, EPS, 0.0, "llama").backward(_d(inp["dy"]))
+        return x.grad, w.grad
+    if kernel == "fused_add_rms_norm_fwd":
+        y, s = fallback.fused_add_rms_norm(_d(inp["x"]), _d(inp["residual"]), _d(inp["weight"]), EPS, 0.0, "llama")
+        return y, s, torch.rsqrt(s.pow(2).mean(-1) + EPS)
+    if kernel == "fused_add_rms_norm_bwd":
+        s, w = _d(inp["s"], True), _d(inp["weight"], True)
+        y = fallback.rms_norm(s, w, EPS, 0.0, "llama")
+        ((y * _d(inp["dy"])).sum() + (s * _d(inp["ds"])).sum()).backward()  # s is also an output
+        return s.grad, w.grad
+    if kernel == "layer_norm_fwd":
+        x = _d(inp["x"])
+        y = fallback.layer_norm(x, _d(inp["weight"]), _d(inp["bias"]), EPS)
+        return y, x.mean(-1), torch.rsqrt(x.var(-1, unbiased=False) + EPS)
+    if kernel == "layer_norm_bwd":
+        x, w, b = _d(inp["x"], True), _d(inp["weight"], True), _d(inp["bias"], True)
+        fallback.layer_norm(x, w, b, EPS).backward(_d(inp["dy"]))
+        return x.grad, w.grad, b.grad
+    if kernel in ("swiglu_fwd", "geglu_fwd"):
+        return (_glu_ref(kernel)(_d(inp["a"]), _d(inp["b"])),)
+    if kernel in ("swiglu_bwd", "geglu_bwd"):
+        a, b = _d(inp["a"], True), _d(inp["b"], True)
+        _glu_ref(kernel)(a, b).backward(_d(inp["dc"]))
+        return a.grad, b.grad
+    if kernel == "rope":
+        return fallback.rope(_d(inp["q"]), _d(inp["k"]), _d(inp["cos"]), _d(inp["sin"]))
+    if kernel == "cross_entropy":
+        logits = _d(inp["logits"], True)
+        rows = F.cross_entropy(logits, inp["target"], reduction="none")
+        rows.mean().backward()
+        return rows, logits.grad
+    if kernel == "fused_linear_cross_entropy":
+        h, w = _d(inp["hidden"], True), _d(inp["weight"], True)
+        rows = F.cross_entropy(h @ w.t(), inp["target"], reduction="none")
+        rows.mean().backward()
+        return rows, None, h.grad, w.grad, None
+    raise AssertionError(kernel)
+
+
+def _as_tuple(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def assert_matches(kernel: str, out, ref: tuple, dtype: torch.dtype) -> None:
+    out = _as_tuple(out)
+    assert len(out) == len(ref), (kernel, len(out), len(ref))
+    for i, (o, r) in enumerate(zip(out, ref)):
+        if r is None:
+            assert o is None, (kernel, i)
+            continue
+        assert o.shape == r.shape, (kernel, i, o.shape, r.shape)
+        err = rel_err(o, r)
+        assert err < TOL[dtype], f"{kernel} output {i}: rel err {err:.2e} (tolerance {TOL[dtype]:g})"
+
+
+def _clone(out):
+    return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in _as_tuple(out))
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def test_every_spec_has_a_hook():
+    assert set(SPECS) == set(_tune_hooks.HOOKS)
+    assert set(SPECS) == set(LAUNCHERS) == set(PROBLEMS)
+
+
+def test_register_all_is_idempotent_and_keeps_user_hooks():
+    mine = lambda device, named, dtype: None  # noqa: E731
+    _tune.register_hook("rope", mine)
+    _tune_hooks.register_all()
+    _tune_hooks.register_all()
+    assert set(_tune._hooks) == set(SPECS)
+    assert _tune._hooks["rope"] is mine
+    assert all(_tune._hooks[k] is _tune_hooks.HOOKS[k] for k in SPECS if k != "rope")
+
+
+def test_hooks_are_imported_lazily():
+    """No module of the package imports _tune_hooks at import time; _tune and warmup import it
+    inside the functions that need it (so `import liger_portable` does not load it)."""
+    lazy, eager = set(), []
+    pkg = Path(liger_portable.__file__).parent
+    for path in pkg.rglob("*.py"):
+        if path.name == "_tune_hooks.py":
+            continue
+        tree = ast.parse(path.read_text())
+        in_function: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                in_function |= {id(n) for n in ast.walk(node) if n is not node}
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+            if any(n.endswith("_tune_hooks") for n in names):
+                (lazy.add(path.name) if id(node) in in_function else eager.append(str(path)))
+    assert eager == []
+    assert lazy == {"_tune.py", "warmup.py"}
+
+
+def test_torch_device_of_simulated_and_real_devices(simulated_device):
+    assert _tune_hooks.torch_device(simulated_device) == torch.device("cpu")
+    real = DeviceInfo("rocm", 1, "AMD Instinct MI300X", "gfx942", 64, 304, 1024, 65536)
+    assert _tune_hooks.torch_device(real) == torch.device("cuda", 1)
+
+
+def test_bad_arguments(simulated_device):
+    with pytest.raises(KeyError, match="no tuning hook for kernel 'nope'"):
+        _tune_hooks.make_hook("nope")
+    with pytest.raises(ValueError, match="lacks hidden"):
+        _tune_hooks.build_run("fused_linear_cross_entropy", simulated_device, {"n_cols": 8, "n_rows": 4}, torch.float32)
+
+
+def test_inputs_that_do_not_fit_raise_memory_error(simulated_device, monkeypatch):
+    monkeypatch.setattr(_tune_hooks, "_free_bytes", lambda where: 1000)
+    with pytest.raises(MemoryError, match=r"tuning swiglu_bwd for .* needs about .* GiB"):
+        _tune_hooks.build_run("swiglu_bwd", simulated_device, ROWS, torch.float32)
+
+
+# --------------------------------------------------------------------------- every hook
+
+
+# Each kernel on one simulated device, rotating through every vendor's table (time: interpreter).
+ROTATION = [(k, DEVICE_NAMES[i % len(DEVICE_NAMES)]) for i, k in enumerate(sorted(SPECS))]
+
+
+@pytest.mark.parametrize("kernel,simulated_device", ROTATION, indirect=["simulated_device"])
+def test_hook_launches_exactly_the_config_and_tune_records(kernel, simulated_device, monkeypatch):
+    dev, named, dtype = simulated_device, PROBLEMS[kernel], torch.float32
+    module, fn_name = LAUNCHERS[kernel]
+    real = getattr(module, fn_name)
+    seen: list[Resolved] = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["config"])
+        return real(*args, **kwargs)
+
+    def no_resolve(*args, **kwargs):
+        raise AssertionError(f"resolve{args[:1]} called while tuning: the hook must pass its config")
+
+    monkeypatch.setattr(module, fn_name, spy)
+    for m in OPS_MODULES:
+        monkeypatch.setattr(m, "resolve", no_resolve)
+    monkeypatch.setattr(_tune, "candidates", lambda k, d, n, _all=_tune.candidates: _all(k, d, n)[:2])
+    times = iter([1.0, 0.8, 0.6])  # the table default, then the two candidates: the last wins
+    outputs: list[tuple] = []
+
+    def timer(fn):
+        outputs.append(_clone(fn()))
+        return next(times)
+
+    rng = torch.get_rng_state()
+    run = _tune_hooks.make_hook(kernel, timer=timer)(dev, named, dtype)
+    assert torch.equal(rng, torch.get_rng_state()), "the hook drew from the global random generator"
+    assert seen == []  # building runs prerequisites only (with their own explicit config)
+
+    # tune() over the hook: three launches, each with the config tune chose, the winner recorded
+    res = _tune.tune(kernel, dev, named, dtype, run)
+    cands = _tune.candidates(kernel, dev, named)
+    assert [r.config.to_dict() for r in seen] == [_tune.default_config(kernel, dev, named), *cands]
+    assert res.source == "search" and res.config == cands[1] and res.time_ms == 0.6 and res.default_ms == 1.0
+    entry = _cache.lookup_entry(SPECS[kernel], dev, named, dtype)
+    assert entry is not None and entry["config"] == cands[1] and entry["time_ms"] == 0.6
+
+    # run(resolved) hands the op that very Resolved
+    mine = make_resolved(kernel, cands[0])
+    times = iter([0.5])
+    assert run(mine) == 0.5 and seen[-1] is mine
+
+    # every launch computed the right answer
+    ref = reference(kernel, run.inputs)
+    for out in outputs:
+        assert_matches(kernel, out, ref, dtype)
+
+
+@pytest.mark.parametrize("simulated_device", ["xpu-xe-hpc"], indirect=True)
+@pytest.mark.parametrize("kernel", sorted(SPECS))
+def test_hook_bfloat16(kernel, simulated_device):
+    """The hooks in bf16 (inputs drawn in bf16, the ops' bf16 outputs) with the table default."""
+    dev, named, dtype = simulated_device, PROBLEMS[kernel], torch.bfloat16
+    outputs = []
+    run = _tune_hooks.build_run(kernel, dev, named, dtype, timer=lambda fn: (outputs.append(_clone(fn())), 1.0)[1])
+    assert all(t.dtype in (dtype, torch.float32, torch.long) for t in run.inputs.values())
+    assert run(make_resolved(kernel, _tune.default_config(kernel, dev, named))) == 1.0
+    assert_matches(kernel, outputs[0], reference(kernel, run.inputs), dtype)
+
+
+# --------------------------------------------------------------------------- runtime tuning end to end
+
+
+def test_autotune_miss_registers_and_uses_the_default_hooks(simulated_device, monkeypatch):
+    """LIGER_PORTABLE_AUTOTUNE=1, empty cache: the first miss loads the hooks, tunes with the
+    real hook (inputs on the CPU, the interpreter), records; then resolve reads the entry."""
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    monkeypatch.setattr(_tune, "candidates", lambda k, d, n, _all=_tune.candidates: _all(k, d, n)[:1])
+    timed = []
+
+    def fake_bench(fn):
+        fn()
+        timed.append(1)
+        return 2.0 if len(timed) == 1 else 1.0  # the candidate beats the table default
+
+    monkeypatch.setattr(_tune, "do_bench_ms", fake_bench)
+    assert _tune._hooks == {}
+    problem = (ROWS["n_cols"], ROWS["n_rows"])
+    r = resolve("rms_norm_fwd", simulated_device, problem, torch.float32)
+    assert set(_tune._hooks) == set(SPECS) and len(timed) == 2
+    cand = _tune.candidates("rms_norm_fwd", simulated_device, ROWS)[0]
+    assert r.source.startswith("user cache") and r.config.to_dict() == cand
+    x, w = torch.randn(ROWS["n_rows"], ROWS["n_cols"]), torch.randn(ROWS["n_cols"])
+    y, _ = rms_ops.rms_norm_fwd(x, w, EPS, 0.0, False)  # the tuned config, through resolve
+    assert rel_err(y, fallback.rms_norm(x.double(), w.double(), EPS, 0.0, "llama")) < TOL[torch.float32]
+    assert len(timed) == 2  # the hit did not tune again
