@@ -1,0 +1,176 @@
+"""``XForCausalLM.forward`` with the loss computed by liger_portable.
+
+The semantics are those of Hugging Face's causal-LM forward (transformers 5.x): every keyword
+argument reaches the base model (as there), the labels are shifted by one with ``ignore_index``
+padding (or ``shift_labels`` is used as given), and with ``num_items_in_batch`` (passed by the
+Trainer under gradient accumulation) the loss is the sum over tokens divided by it, as
+``ForCausalLMLoss`` does. The head-specific transforms of the logits are kept: Gemma-2/3's
+``final_logit_softcapping``, Granite's division by ``logits_scaling``, Mixtral's router auxiliary
+loss.
+
+Two loss modes:
+
+* ``"flce"`` (``fused_linear_cross_entropy=True``): in training mode with labels, the loss is
+  :func:`liger_portable.functional.fused_linear_cross_entropy` of the last hidden states and the
+  LM head; the logits are never built and the output's ``logits`` is None (as with
+  Liger-Kernel). In eval mode, or without labels, the logits are built as usual (evaluation and
+  generation need them) and a loss, if labels are given, is the fused cross-entropy of those logits.
+* ``"ce"`` (``cross_entropy=True``): the logits are built as usual and the loss is
+  :func:`liger_portable.functional.cross_entropy` of them.
+
+The loss is returned in float32 like Hugging Face's (computed in fp32 inside the kernels; for a
+bf16 or fp16 model it passes through the model's dtype on the way out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from .. import functional as F
+
+try:  # transformers >= 4.50
+    from transformers.utils import can_return_tuple
+except ImportError:  # pragma: no cover - older transformers
+    def can_return_tuple(fn):
+        return fn
+
+from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+
+LOSS_MODES = ("flce", "ce")
+HEADS = ("plain", "softcap", "scaled", "moe")
+
+
+def _keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
+    """Hugging Face's ``slice_logits_to_keep``: 0 keeps every position, an int ``n`` the last ``n``,
+    a 1-D tensor the positions it lists, a 2-D integer tensor per-row positions, a 2-D bool mask
+    the positions it marks (flattened)."""
+    if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.ndim == 2:
+        if logits_to_keep.dtype == torch.bool:
+            return hidden[logits_to_keep]
+        return torch.take_along_dim(hidden, logits_to_keep[..., None], dim=1)
+    if isinstance(logits_to_keep, int):
+        return hidden if logits_to_keep == 0 else hidden[:, -logits_to_keep:, :]
+    return hidden[:, logits_to_keep, :]
+
+
+def _targets(labels: torch.Tensor, ignore_index: int, shift_labels: torch.Tensor | None, device) -> torch.Tensor:
+    """The next-token targets: ``shift_labels`` if given, else ``labels`` shifted left by one with
+    ``ignore_index`` at the end (Hugging Face's ``ForCausalLMLoss``)."""
+    if shift_labels is None:
+        padded = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = padded[..., 1:]
+    return shift_labels.to(device)
+
+
+def _finish(loss: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+    loss = loss.float()
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss
+
+
+def _flce_loss(hidden, weight, bias, labels, softcap, *, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **_):
+    target = _targets(labels, ignore_index, shift_labels, hidden.device)
+    loss = F.fused_linear_cross_entropy(
+        hidden, weight, target, bias, ignore_index=ignore_index,
+        reduction="sum" if num_items_in_batch is not None else "mean", softcap=softcap,
+    )
+    return _finish(loss, num_items_in_batch)
+
+
+def _ce_loss(logits, labels, *, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **_):
+    target = _targets(labels, ignore_index, shift_labels, logits.device)
+    loss = F.cross_entropy(
+        logits, target, ignore_index=ignore_index, reduction="sum" if num_items_in_batch is not None else "mean"
+    )
+    return _finish(loss, num_items_in_batch)
+
+
+def make_causal_lm_forward(head: str, loss_mode: str, load_balancing_loss_func: Callable | None = None):
+    """A ``forward`` for an ``XForCausalLM`` class (or, bound, for one instance).
+
+    Args:
+        head: how the family turns the last hidden states into logits: ``"plain"``
+            (``lm_head(h)``), ``"softcap"`` (Gemma-2/3: ``c * tanh(lm_head(h) / c)`` with
+            ``c = config.final_logit_softcapping`` when it is set), ``"scaled"`` (Granite:
+            ``lm_head(h) / config.logits_scaling``), ``"moe"`` (Mixtral: plain logits, plus the
+            router auxiliary loss with ``output_router_logits``).
+        loss_mode: ``"flce"`` or ``"ce"`` (see the module docstring).
+        load_balancing_loss_func: the family's auxiliary-loss function, for ``head="moe"``.
+    """
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, got {head!r}")
+    if loss_mode not in LOSS_MODES:
+        raise ValueError(f"loss_mode must be one of {LOSS_MODES}, got {loss_mode!r}")
+    if (head == "moe") != (load_balancing_loss_func is not None):
+        raise ValueError("load_balancing_loss_func is required for head='moe' and only for it")
+    moe = head == "moe"
+    output_cls = MoeCausalLMOutputWithPast if moe else CausalLMOutputWithPast
+    output_fields = {f.name for f in dataclasses.fields(output_cls)} - {"loss", "logits", "aux_loss"}
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache=None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ):
+        config = self.config
+        if cache is not None:
+            kwargs["cache"] = cache
+        if moe:
+            output_router_logits = kwargs.pop("output_router_logits", None)
+            if output_router_logits is None:
+                output_router_logits = config.output_router_logits
+            model_kwargs = dict(kwargs, output_router_logits=output_router_logits)
+        else:
+            model_kwargs = kwargs
+        outputs = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, **model_kwargs,
+        )
+        hidden = _keep(outputs.last_hidden_state, logits_to_keep)
+        softcap = getattr(config, "final_logit_softcapping", None) if head == "softcap" else None
+
+        loss = logits = None
+        if labels is not None and loss_mode == "flce" and self.training:
+            if head == "scaled":
+                hidden = hidden / config.logits_scaling
+            loss = _flce_loss(hidden, self.lm_head.weight, self.lm_head.bias, labels, softcap, **kwargs)
+        else:
+            logits = self.lm_head(hidden)
+            if head == "scaled":
+                logits = logits / config.logits_scaling
+            if softcap is not None:
+                logits = torch.tanh(logits / softcap) * softcap
+            if labels is not None:
+                loss = _ce_loss(logits, labels, **kwargs)
+
+        extra = {k: v for k, v in outputs.items() if k in output_fields}
+        if moe:
+            aux_loss = None
+            if output_router_logits:
+                aux_loss = load_balancing_loss_func(
+                    outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask
+                )
+                if loss is not None:
+                    loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+            extra["aux_loss"] = aux_loss
+        return output_cls(loss=loss, logits=logits, **extra)
+
+    forward.__doc__ = (
+        f"Causal-LM forward patched by liger_portable.transformers (loss: {loss_mode}, head: {head}); "
+        "arguments and outputs as Hugging Face's. See liger_portable.transformers._forward."
+    )
+    forward.liger_portable = (head, loss_mode)
+    return can_return_tuple(forward)

@@ -1,0 +1,568 @@
+"""liger_portable.transformers: patching Hugging Face models (instance and class level), the
+causal-LM forward with the fused loss, the Trainer, torch.compile and the optional dependency.
+
+Every numerical check compares a patched tiny model (tests/hf_tiny.py) with the same model
+unpatched, in float32, on the CPU (the PyTorch fallback path). Both compute the same functions in
+float32 in a different order, so losses, logits and gradients agree to ~1e-7 relative (measured
+<= 6e-7); the bound is 1e-5 (TOL). Training runs (optimizer, Trainer, compile) take 2-3 steps,
+where the same holds.
+
+Runtime: about 20 s of test time (``-n 2``: about 15 s wall), half of it the two torch.compile cases
+and the subprocess import check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from hf_tiny import FAMILIES, VOCAB, tiny_config, tiny_model  # noqa: E402
+
+import liger_portable.functional as LF  # noqa: E402
+import liger_portable.transformers as lpt  # noqa: E402
+from liger_portable.transformers import _patch  # noqa: E402
+
+from conftest import rel_err  # noqa: E402
+
+TOL = 1e-5
+
+# Liger-Kernel's class-level functions: name -> (family in hf_tiny, parameters with defaults).
+_LIGER = dict(rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True)
+LIGER_FUNCTIONS = {
+    "apply_liger_kernel_to_llama": ("llama", {**_LIGER, "swiglu": True, "model": None}),
+    "apply_liger_kernel_to_mistral": ("mistral", {**_LIGER, "swiglu": True, "model": None}),
+    "apply_liger_kernel_to_mixtral": ("mixtral", {**_LIGER, "swiglu": True, "model": None}),
+    "apply_liger_kernel_to_qwen2": ("qwen2", {**_LIGER, "swiglu": True, "model": None}),
+    "apply_liger_kernel_to_qwen3": ("qwen3", {**_LIGER, "swiglu": True, "model": None}),
+    "apply_liger_kernel_to_gemma": ("gemma", {**_LIGER, "geglu": True, "model": None}),
+    "apply_liger_kernel_to_gemma2": ("gemma2", {**_LIGER, "geglu": True, "model": None}),
+    "apply_liger_kernel_to_gemma3_text": ("gemma3", {**_LIGER, "geglu": True, "model": None}),
+    "apply_liger_kernel_to_phi3": ("phi3", {**_LIGER, "swiglu": True, "model": None}),
+    # Liger-Kernel's Granite defaults: cross_entropy on, fused linear cross-entropy off.
+    "apply_liger_kernel_to_granite": (
+        "granite",
+        dict(rope=True, cross_entropy=True, fused_linear_cross_entropy=False, rms_norm=True, swiglu=True, model=None),
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def _isolate():
+    """One torch thread (tiny models; more threads oversubscribe 2 cores under xdist), and undo
+    the class- and module-level replacements (``apply_rotary_pos_emb``, ``apply_liger_kernel_to_*``)."""
+    _patch.revert()  # also what an earlier test in this process may have left
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    _patch.revert()
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the calls of liger_portable.functional's ops (the patched modules call them there)."""
+    counts = {}
+    for name in ("rms_norm", "rope", "swiglu", "geglu", "cross_entropy", "fused_linear_cross_entropy"):
+        fn = getattr(LF, name)
+
+        def wrapper(*args, _fn=fn, _name=name, **kwargs):
+            counts[_name] = counts.get(_name, 0) + 1
+            counts.setdefault("_kwargs", {})[_name] = kwargs
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(LF, name, wrapper)
+    return counts
+
+
+@contextlib.contextmanager
+def unpatched():
+    """Hugging Face's own module-level code for the duration (``patch`` replaces the modeling
+    modules' ``apply_rotary_pos_emb`` for every model of the family, the reference included)."""
+    saved = dict(_patch._ORIGINALS)
+    current = {key: getattr(*key) for key in saved}
+    for (owner, attr), value in saved.items():
+        setattr(owner, attr, value)
+    try:
+        yield
+    finally:
+        for (owner, attr), value in current.items():
+            setattr(owner, attr, value)
+
+
+def ref_call(model, **kwargs):
+    """``model(**kwargs)`` with Hugging Face's module-level code (see :func:`unpatched`)."""
+    with unpatched():
+        return model(**kwargs)
+
+
+def batch(seed: int = 0, batch_size: int = 2, seq: int = 19):
+    """input_ids, attention_mask (last 4 tokens of row 1 padded) and labels (-100 on the padding
+    and on the first 3 tokens of row 0)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch_size, seq), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, -4:] = 0
+    ids[1, -4:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[0, :3] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def assert_grads_match(model, ref, tol=TOL):
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        r = ref_params[name]
+        if r.grad is None:
+            assert p.grad is None, name
+            continue
+        # Qwen-2's key bias has a zero gradient in exact arithmetic (softmax shift invariance):
+        # compare it in absolute terms.
+        if name.endswith("k_proj.bias"):
+            assert (p.grad - r.grad).abs().max() <= 1e-6, name
+            continue
+        assert rel_err(p.grad, r.grad) <= tol, f"{name}: gradient error {rel_err(p.grad, r.grad):.2e}"
+
+
+# --------------------------------------------------------------------------- optional dependency
+
+
+def test_import_without_transformers():
+    """``import liger_portable`` must not need transformers; ``liger_portable.transformers`` says
+    how to install it."""
+    code = r"""
+import sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Block())
+import torch
+import liger_portable
+from liger_portable import functional as F, nn
+F.rms_norm(torch.randn(3, 8), torch.ones(8))
+assert "transformers" not in sys.modules
+try:
+    import liger_portable.transformers
+except ImportError as e:
+    print("ERROR:", e)
+else:
+    raise SystemExit("liger_portable.transformers imported without transformers")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert 'pip install "liger-portable[hf]"' in out.stdout, out.stdout
+
+
+# --------------------------------------------------------------------------- patch(model), every family
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patch_matches_hugging_face(family, calls):
+    ref = tiny_model(family, seed=3)
+    model = tiny_model(family, seed=3)
+    params_before = {name: p for name, p in model.named_parameters()}
+    keys_before = list(model.state_dict())
+
+    assert lpt.patch(model) is model
+
+    # Same Parameter objects and the same state_dict.
+    assert {name: p for name, p in model.named_parameters()} == params_before
+    assert all(p is params_before[name] for name, p in model.named_parameters())
+    assert list(model.state_dict()) == keys_before
+    # No Hugging Face norm or MLP is left.
+    fam = _patch.FAMILIES[family]
+    hf_classes = {getattr(fam.modeling, fam.norm)} | ({getattr(fam.modeling, fam.mlp)} if fam.mlp else set())
+    left = [name for name, m in model.named_modules() if type(m) in hf_classes]
+    assert not left, f"not replaced: {left}"
+
+    data = batch()
+    out = model(**data)
+    ref_out = ref_call(ref, **data)
+    assert out.logits is None, "training with labels must not build the logits"
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * abs(ref_out.loss.item())
+    assert out.loss.dtype == torch.float32
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
+
+    # Every fused op ran (Mixtral's experts use _apply_gate: swiglu too).
+    glu = "geglu" if fam.glu == "geglu" else "swiglu"
+    for op in ("rms_norm", "rope", glu, "fused_linear_cross_entropy"):
+        assert calls.get(op, 0) > 0, f"{op} was not called; calls: {calls}"
+
+    # Without labels: the logits, as Hugging Face's.
+    with torch.no_grad():
+        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+        ref_logits = ref_call(ref, input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+    assert rel_err(logits, ref_logits) <= TOL
+
+
+def test_patch_base_model_and_idempotence(calls):
+    """A base model (no LM head) gets its norms, MLPs and RoPE patched; patching twice is harmless."""
+    ref = tiny_model("llama", seed=1).model
+    base = tiny_model("llama", seed=1).model
+    forward = base.forward
+    lpt.patch(base)
+    lpt.patch(base)
+    assert base.forward == forward
+    ids = batch()["input_ids"]
+    h, h_ref = base(input_ids=ids).last_hidden_state, ref_call(ref, input_ids=ids).last_hidden_state
+    assert rel_err(h, h_ref) <= TOL
+    assert calls["rms_norm"] == 5 and calls["swiglu"] == 2 and calls["rope"] == 2
+
+
+def test_wrapped_projection_moves_over():
+    """The MLP swap takes the projections as they are, so a wrapper (e.g. a LoRA layer) stays."""
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x) * 0.5
+
+    ref = tiny_model("llama", seed=14)
+    model = tiny_model("llama", seed=14)
+    for m in (ref, model):
+        m.model.layers[0].mlp.up_proj = Wrapped(m.model.layers[0].mlp.up_proj)
+    wrapper = model.model.layers[0].mlp.up_proj
+    lpt.patch(model)
+    assert type(model.model.layers[0].mlp) is lpt.SwiGLUMLP and model.model.layers[0].mlp.up_proj is wrapper
+    data = batch()
+    assert abs(model(**data).loss.item() - ref_call(ref, **data).loss.item()) <= TOL * 10
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma"])
+def test_gradient_checkpointing(family):
+    """Under Hugging Face's gradient checkpointing the layers run twice; the fused MLP's in-place
+    backward writes into the recomputed activations."""
+    ref = tiny_model(family, seed=15)
+    model = lpt.patch(tiny_model(family, seed=15))
+    for m in (ref, model):
+        if hasattr(m, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    data = batch()
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
+
+
+# --------------------------------------------------------------------------- the causal-LM forward
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "granite"])
+def test_eval_mode_with_labels(family):
+    """Eval mode with labels: the logits are built (as Hugging Face does) and the loss is the fused
+    cross-entropy of them (with the family's softcap / logit scaling already applied)."""
+    ref = tiny_model(family, seed=2).eval()
+    model = lpt.patch(tiny_model(family, seed=2)).eval()
+    data = batch(1)
+    with torch.no_grad():
+        out, ref_out = model(**data), ref_call(ref, **data)
+    assert out.logits is not None
+    assert rel_err(out.logits, ref_out.logits) <= TOL
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+
+
+@pytest.mark.parametrize("mode", ["fused_linear_cross_entropy", "cross_entropy"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "granite"])
+def test_loss_options_match_hugging_face(family, mode, calls):
+    """``num_items_in_batch`` (the Trainer's gradient accumulation: sum / count), ``shift_labels``
+    and ``ignore_index`` as Hugging Face's loss takes them, in both loss modes."""
+    ref = tiny_model(family, seed=4)
+    model = lpt.patch(
+        tiny_model(family, seed=4),
+        fused_linear_cross_entropy=mode == "fused_linear_cross_entropy", cross_entropy=mode == "cross_entropy",
+    )
+    data = batch(2)
+    labels = data["labels"]
+    shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+    shifted_custom = shifted.masked_fill(shifted == 7, -1)  # also exercise ignore_index=-1
+    cases = [
+        dict(num_items_in_batch=torch.tensor(11)),
+        dict(num_items_in_batch=5),
+        dict(shift_labels=shifted),
+        dict(shift_labels=shifted_custom.masked_fill(shifted_custom == -100, -1), ignore_index=-1),
+    ]
+    for kwargs in cases:
+        model.zero_grad()
+        ref.zero_grad()
+        out = model(**data, **kwargs)
+        ref_out = ref_call(ref, **data, **kwargs)
+        assert (out.logits is None) == (mode == "fused_linear_cross_entropy")
+        assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * abs(ref_out.loss.item()), kwargs
+        out.loss.backward()
+        ref_out.loss.backward()
+        assert_grads_match(model, ref)
+    expected = "fused_linear_cross_entropy" if mode == "fused_linear_cross_entropy" else "cross_entropy"
+    assert calls[expected] == len(cases)
+    assert calls["_kwargs"][expected]["ignore_index"] == -1
+
+
+def test_logits_to_keep_and_return_dict():
+    ref = tiny_model("llama", seed=5)
+    model = lpt.patch(tiny_model("llama", seed=5))
+    ids = batch()["input_ids"]
+    with torch.no_grad():
+        out = model(input_ids=ids, logits_to_keep=3)
+        ref_out = ref_call(ref, input_ids=ids, logits_to_keep=3)
+        tup = model(input_ids=ids, return_dict=False)
+    assert out.logits.shape == (2, 3, VOCAB)
+    assert rel_err(out.logits, ref_out.logits) <= TOL
+    assert isinstance(tup, tuple) and tup[0].shape == (2, ids.shape[1], VOCAB)
+
+
+def test_mixtral_router_aux_loss():
+    ref = tiny_model("mixtral", seed=6)
+    model = lpt.patch(tiny_model("mixtral", seed=6))
+    data = batch(3)
+    out = model(**data, output_router_logits=True)
+    ref_out = ref_call(ref, **data, output_router_logits=True)
+    assert out.aux_loss is not None and len(out.router_logits) == 2
+    assert abs(out.aux_loss.item() - ref_out.aux_loss.item()) <= TOL * ref_out.aux_loss.item()
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
+
+
+def test_generate_matches_hugging_face():
+    """Generation (no labels, KV cache, logits_to_keep=1) takes the logits path."""
+    ref = tiny_model("llama", seed=7).eval()
+    model = lpt.patch(tiny_model("llama", seed=7)).eval()
+    ids = batch()["input_ids"][:1, :6]
+    kwargs = dict(max_new_tokens=5, do_sample=False, use_cache=True, pad_token_id=0)
+    out = model.generate(ids, **kwargs)
+    with unpatched():
+        ref_out = ref.generate(ids, **kwargs)
+    assert torch.equal(out, ref_out)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def test_optimizer_built_before_patch_and_state_dict():
+    """The patch keeps the Parameter objects: an optimizer built before it trains the patched
+    model; a Hugging Face state_dict loads into it (strict)."""
+    ref = tiny_model("gemma", seed=8)
+    model = tiny_model("gemma", seed=8)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    lpt.patch(model)
+    for step in range(3):
+        data = batch(step)
+        model(**data).loss.backward()
+        ref_call(ref, **data).loss.backward()
+        for o in (opt, ref_opt):
+            o.step()
+            o.zero_grad()
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert rel_err(p, ref_params[name]) <= TOL, name
+    fresh = lpt.patch(tiny_model("gemma", seed=9))
+    fresh.load_state_dict(ref.state_dict(), strict=True)
+    data = batch(4)
+    ref_loss = ref_call(ref, **data).loss.item()
+    assert abs(fresh(**data).loss.item() - ref_loss) <= TOL * ref_loss
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_autocast_bf16(family):
+    """fp32 weights under ``torch.autocast(bfloat16)`` (the Trainer's ``bf16=True``): the patched
+    model gives Hugging Face's loss and gradients up to bf16 rounding. Both runs compute their
+    matmuls in bf16 (8 significant bits) at different places; measured: losses 1e-4, gradients
+    (all parameters, norm-wise) 9e-3 apart. Bounds: 1e-2 and 3e-2."""
+    ref = tiny_model(family, seed=16)
+    model = lpt.patch(tiny_model(family, seed=16))
+    data = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref_out = model(**data), ref_call(ref, **data)
+    assert abs(out.loss.item() - ref_out.loss.item()) <= 1e-2 * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    ref_grads = torch.cat([p.grad.flatten() for p in ref.parameters()])
+    assert rel_err(grads, ref_grads) <= 3e-2
+
+
+def test_trainer(tmp_path, calls):
+    """Hugging Face Trainer with gradient accumulation (so ``num_items_in_batch`` reaches the
+    forward): the patched model logs the same losses and ends with the same weights."""
+    pytest.importorskip("accelerate")
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return {k: v[i % 2] for k, v in batch(100 + i).items()}  # rows with different label counts
+
+    def run(patched: bool):
+        model = tiny_model("llama", seed=10)
+        if patched:
+            lpt.patch(model)
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / ("patched" if patched else "ref")), max_steps=3, per_device_train_batch_size=2,
+            gradient_accumulation_steps=2, learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True,
+            save_strategy="no", seed=0, disable_tqdm=True,
+        )
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Data())
+        trainer.train()
+        return model, [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+    ref, ref_losses = run(False)
+    model, losses = run(True)
+    assert calls["fused_linear_cross_entropy"] == 6  # 3 steps x 2 micro-batches
+    assert calls["_kwargs"]["fused_linear_cross_entropy"]["reduction"] == "sum"  # num_items_in_batch given
+    assert len(losses) == 3
+    for a, b in zip(losses, ref_losses):
+        assert abs(a - b) <= TOL * abs(b), (losses, ref_losses)
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert rel_err(p, ref_params[name]) <= TOL, name
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_torch_compile_fullgraph(family):
+    """A patched model trains under torch.compile(fullgraph=True): no graph break anywhere, ours
+    included (aot_eager: the CPU fallback traced through AOTAutograd; on a GPU the kernels are
+    custom ops, tested in the op tests)."""
+    ref = tiny_model(family, seed=11)
+    model = lpt.patch(tiny_model(family, seed=11))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(2):
+        data = batch(step)
+        out = compiled(**data)
+        assert out.logits is None
+        ref_loss = ref_call(ref, **data).loss
+        assert abs(out.loss.item() - ref_loss.item()) <= TOL * ref_loss.item()
+        out.loss.backward()
+        ref_loss.backward()
+        assert_grads_match(model, ref)
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+
+
+# --------------------------------------------------------------------------- class-level patching
+
+
+@pytest.mark.parametrize("name", sorted(LIGER_FUNCTIONS))
+def test_liger_kernel_functions(name):
+    """Each ``apply_liger_kernel_to_*`` has Liger-Kernel's signature and defaults, and a model
+    built afterwards is built from liger_portable's modules, with Hugging Face's weights (the same
+    initialisation) and Hugging Face's loss."""
+    family, defaults = LIGER_FUNCTIONS[name]
+    fn = getattr(lpt, name)
+    params = inspect.signature(fn).parameters
+    assert {k: p.default for k, p in params.items()} == defaults
+    assert list(params) == list(defaults)
+
+    ref = tiny_model(family, seed=12)
+    fn()
+    model = tiny_model(family, seed=12)
+    fam = _patch.FAMILIES[family]
+    names = {type(m).__name__ for m in model.modules()}
+    assert fam.norm not in names and (fam.mlp is None or fam.mlp not in names), names
+    sd, ref_sd = model.state_dict(), ref.state_dict()
+    assert list(sd) == list(ref_sd)
+    for k in sd:
+        assert torch.equal(sd[k], ref_sd[k]), f"{k} initialised differently"
+    data = batch(5)
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert (out.logits is None) == defaults["fused_linear_cross_entropy"]
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+
+    _patch.revert()
+    plain = tiny_model(family, seed=12)
+    assert fam.norm in {type(m).__name__ for m in plain.modules()}
+
+
+def test_apply_with_model_and_revert():
+    """``model=`` patches an existing instance too; ``revert`` restores Hugging Face's classes."""
+    from transformers.models.llama import modeling_llama
+
+    originals = (modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP, modeling_llama.apply_rotary_pos_emb,
+                 modeling_llama.LlamaForCausalLM.forward)
+    ref = tiny_model("llama", seed=13)
+    model = tiny_model("llama", seed=13)
+    lpt.apply_liger_kernel_to_llama(model=model)
+    assert modeling_llama.LlamaRMSNorm is lpt.RMSNorm and modeling_llama.LlamaMLP is lpt.SwiGLUMLP
+    assert not any(type(m) in originals[:2] for m in model.modules())
+    data = batch(6)
+    out = model(**data)
+    assert out.logits is None
+    assert abs(out.loss.item() - ref_call(ref, **data).loss.item()) <= TOL * out.loss.item()
+    _patch.revert()
+    assert (modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP, modeling_llama.apply_rotary_pos_emb,
+            modeling_llama.LlamaForCausalLM.forward) == originals
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_both_losses_is_an_error():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="cross_entropy and fused_linear_cross_entropy are mutually exclusive"):
+        lpt.patch(model, cross_entropy=True)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        lpt.apply_liger_kernel_to_granite(fused_linear_cross_entropy=True)
+    lpt.apply_liger_kernel_to_granite(cross_entropy=False, fused_linear_cross_entropy=True)  # fine here
+    assert "forward" not in vars(model) and any(type(m).__name__ == "LlamaRMSNorm" for m in model.modules())
+    with pytest.raises(TypeError, match="rope must be True or False"):
+        lpt.patch(model, rope=1)
+
+
+def test_unsupported_model_type_lists_the_supported_ones():
+    fake = types.SimpleNamespace(config=types.SimpleNamespace(model_type="gpt2"))
+    with pytest.raises(ValueError, match="'gpt2' is not supported") as err:
+        lpt.patch(fake)
+    for model_type in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite"):
+        assert model_type in str(err.value)
+    assert set(lpt.SUPPORTED_MODEL_TYPES) == {
+        "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite"
+    }
+    with pytest.raises(ValueError, match="Gemma3ForCausalLM"):
+        lpt.patch(types.SimpleNamespace(config=types.SimpleNamespace(model_type="gemma3")))
+    with pytest.raises(TypeError, match="PreTrainedModel"):
+        lpt.patch(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="not mistral"):
+        lpt.apply_liger_kernel_to_mistral(model=tiny_model("llama"))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_other_activation_is_an_error(family):
+    """The fused MLP computes one activation: another one is refused, and nothing is changed."""
+    config = tiny_config(family)
+    key = "hidden_activation" if family == "gemma2" else "hidden_act"
+    setattr(config, key, "relu")
+    model = type(tiny_model(family))(config)
+    types_before = [type(m) for m in model.modules()]
+    with pytest.raises(ValueError, match=f"swiglu=True fuses .*config.{key}='relu'; pass swiglu=False"):
+        lpt.patch(model)
+    apply, option = {"llama": (lpt.apply_liger_kernel_to_llama, "swiglu"), "gemma2": (lpt.apply_liger_kernel_to_gemma2, "geglu")}[family]
+    with pytest.raises(ValueError, match=f"{option}=True fuses .*; pass {option}=False"):
+        apply(model=model)
+    assert [type(m) for m in model.modules()] == types_before and "forward" not in vars(model)
+    lpt.patch(model, swiglu=False)  # the rest still applies
+    assert any(type(m) in (lpt.RMSNorm, lpt.GemmaStyleRMSNorm) for m in model.modules())
