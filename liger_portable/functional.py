@@ -514,7 +514,8 @@ def fused_linear_cross_entropy(
             more ``BT x H x V`` product; the same memory).
 
     Returns:
-        The loss in the hidden dtype; ``(loss, z_loss)`` with ``return_z_loss``. Only one backward
+        The loss in float32 (float64 for float64 inputs; as Hugging Face's loss from upcast
+        logits); ``(loss, z_loss)`` with ``return_z_loss``. Only one backward
         is allowed for ``mean`` / ``sum`` (the stored gradients are scaled in place).
     """
     check_float("hidden", hidden)

@@ -170,7 +170,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                     gb += g.sum(0)
         ctx.save_for_backward(hidden, weight, target, bias, count, gh, gw, gb)
         ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap, reduction)
-        loss, z = _reduce(loss_rows, z_rows, reduction, count, hidden.dtype)
+        loss, z = _reduce(loss_rows, z_rows, reduction, count, torch.promote_types(hidden.dtype, torch.float32))
         ctx.mark_non_differentiable(z)
         return loss, z
 

@@ -154,6 +154,12 @@ def flce_bwd_recompute(
     return gh, gw, gb
 
 
+def loss_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The loss is returned in float32 (float64 for float64 inputs), as Hugging Face computes it
+    from upcast logits: a bf16 loss would round the reported value by up to ~0.4%."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _reduce(loss_rows, z_rows, reduction, target, ignore_index, dtype):
     if reduction == "none":
         return loss_rows.to(dtype), None if z_rows is None else z_rows.to(dtype)
@@ -179,7 +185,7 @@ class _FLCEFunction(torch.autograd.Function):
             ctx.save_for_backward(hidden, weight, target, bias)
         else:
             ctx.grads = (gh, gw, gb)
-        loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, hidden.dtype)
+        loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, loss_dtype(hidden.dtype))
         if z is None:
             z = loss.new_zeros(())
         ctx.mark_non_differentiable(z)
@@ -239,7 +245,7 @@ def flce_op(
         hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale,
         softcap if softcap > 0 else None, reduction,
     )
-    loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, hidden.dtype)
+    loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, loss_dtype(hidden.dtype))
     if z is None:
         z = torch.zeros_like(loss)
     if reduction == "none":
@@ -251,7 +257,7 @@ def flce_op(
 
 @flce_op.register_fake
 def _(hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction):
-    loss = hidden.new_empty(target.shape if reduction == "none" else ())
+    loss = hidden.new_empty(target.shape if reduction == "none" else (), dtype=loss_dtype(hidden.dtype))
     if reduction == "none":
         gh, gw = hidden.new_empty(0), weight.new_empty(0)
     else:
