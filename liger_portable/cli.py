@@ -312,11 +312,20 @@ def main(argv: list[str] | None = None) -> int:
         "warmup", add_help=False, help="tune the kernel problems of one training step of a model (see `warmup -h`)"
     )
     warmup.set_defaults(func=None)
+    demo = sub.add_parser(
+        "demo", add_help=False,
+        help="train a small Llama-style model with and without the kernels, side by side (see `demo -h`)",
+    )
+    demo.set_defaults(func=None)
     args, rest = parser.parse_known_args(argv)
     if args.command == "warmup":
         from .warmup import main as warmup_main
 
         return warmup_main(rest)
+    if args.command == "demo":
+        from .demo import main as demo_main
+
+        return demo_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
