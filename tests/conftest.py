@@ -18,6 +18,10 @@ def _has_gpu() -> bool:
 
 
 HAS_GPU = _has_gpu()
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One intra-op thread per xdist worker: workers x default threads oversubscribe the cores
+    # (CPU tests ran 4-20x slower that way).
+    torch.set_num_threads(1)
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
