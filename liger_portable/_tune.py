@@ -272,7 +272,8 @@ _attempted: set[tuple[str, str, str]] = set()
 _lock = threading.Lock()
 _warned: set[str] = set()
 _defaults_registered = False
-_gave_up: set[str] = set()  # device models whose tuning lock timed out in this process
+_gave_up: set[str] = set()
+tuned_here: list[tuple] = []  # (kernel, device model, problem, dtype) this process tuned at run time  # device models whose tuning lock timed out in this process
 
 
 def _warn_once(msg: str) -> None:
@@ -364,6 +365,7 @@ def _multi_rank() -> bool:
 
 def _tune_now(kernel: str, device: DeviceInfo, named: dict, dtype: torch.dtype, hook: TuneHook) -> bool:
     """Build the hook's inputs, tune, record; the inputs are freed when this returns."""
+    tuned_here.append((kernel, device.model_slug, named, str(dtype)))
     try:
         result = tune(kernel, device, named, dtype, hook(device, named, dtype))
     except Exception as e:  # noqa: BLE001 - tuning must never stop training

@@ -19,6 +19,9 @@ Checks (rank 0 prints a table; the exit code is 1 if any fails):
   the weight / bias gradients (reduced from Partial) against the single-device computation; and the
   norm weights of a ``fully_shard``-ed stack (DTensor parameters, DTensor gradients) against the
   unsharded stack.
+* ``autotune agreement`` (added when ``LIGER_PORTABLE_AUTOTUNE=1``; GPU only, the CPU fallback
+  resolves no configs): every rank resolved the same config for every problem it ran, and no
+  problem was tuned by two processes.
 """
 
 from __future__ import annotations
@@ -212,6 +215,30 @@ def check_dtensor(dtype: torch.dtype, device: torch.device) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- run-time autotune agreement
+
+
+def check_autotune_agreement() -> dict:
+    """After the training checks under ``LIGER_PORTABLE_AUTOTUNE=1``: every rank resolved the same
+    config for every (kernel, problem, dtype) it used, and each problem was tuned by one process."""
+    from liger_portable import _configs, _tune
+
+    mine = {f"{k} {p} {str(d).removeprefix('torch.')}": str(r.config) for (k, _dev, p, d), r in list(_configs._memo.items())}
+    world = dist.get_world_size()
+    configs: list = [None] * world
+    tuned: list = [None] * world
+    dist.all_gather_object(configs, mine)
+    dist.all_gather_object(tuned, [str(t) for t in _tune.tuned_here])
+    keys = set().union(*configs)
+    differ = [k for k in sorted(keys) if len({str(c.get(k)) for c in configs}) > 1]
+    all_tuned = [t for ts in tuned for t in ts]
+    twice = sorted({t for t in all_tuned if all_tuned.count(t) > 1})
+    ok = not differ and not twice and bool(all_tuned)
+    return {"check": "autotune agreement", "dtype": "-", "max rel err": 0.0 if ok else float("inf"), "tol": 0.0,
+            "ok": ok, "problems": len(keys), "tuned per rank": [len(t) for t in tuned],
+            "differ": differ, "tuned twice": twice}
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -238,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             for kind in ("ddp", "fsdp2"):
                 if kind in args.checks:
                     results.append(check_training(kind, dtype, device, args.steps))
+        if os.environ.get("LIGER_PORTABLE_AUTOTUNE") == "1":
+            results.append(check_autotune_agreement())
     finally:
         ok = all(r["ok"] for r in results) and bool(results)
         if dist.get_rank() == 0:

@@ -3,8 +3,9 @@
 # (device tool kind nvidia-h200-x2, or any node with 2 GPUs):
 #   1. scripts/distributed_check.py under torchrun over NCCL: DTensor norms, FSDP2 norm gradients,
 #      a patched tiny Llama under DDP and FSDP2 against the single-GPU run (fp32 and bf16);
-#   2. run-time rank agreement: LIGER_PORTABLE_AUTOTUNE=1 with an empty cache, both ranks train,
-#      then each prints its resolved config per problem (tests/autotune_agreement_worker.py);
+#   2. run-time rank agreement: LIGER_PORTABLE_AUTOTUNE=1 with an empty cache, both ranks train
+#      under DDP, then compare every resolved config and count who tuned what (check "autotune
+#      agreement" of distributed_check.py);
 #   3. torchrun of the warmup script: one cache file that both ranks agree on.
 # Needs transformers (wheels in .whl/ are installed to /tmp/site when present).
 # Usage: bash scripts/multi_gpu_session.sh     -> $OUT/multi_gpu.tgz (or scripts/results/latest_multi/)
@@ -26,7 +27,7 @@ timeout 300 $TR scripts/distributed_check.py --json "$OUT/distributed_check.json
 export LIGER_PORTABLE_CACHE_DIR=/tmp/lp_cache_autotune
 rm -rf "$LIGER_PORTABLE_CACHE_DIR"
 LIGER_PORTABLE_AUTOTUNE=1 timeout 300 $TR scripts/distributed_check.py --checks ddp --dtype bfloat16 --steps 3 \
-  --json "$OUT/autotune_ddp.json" 2>&1 | tee "$OUT/autotune_ddp.txt" | tail -5
+  --json "$OUT/autotune_ddp.json" 2>&1 | tee "$OUT/autotune_ddp.txt" | grep -E "^(ok|FAIL)"
 cp -r "$LIGER_PORTABLE_CACHE_DIR" "$OUT/autotune_cache_runtime" 2>/dev/null
 export LIGER_PORTABLE_CACHE_DIR=/tmp/lp_cache_warmup
 rm -rf "$LIGER_PORTABLE_CACHE_DIR"
