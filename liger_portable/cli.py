@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -239,6 +240,14 @@ def _configs_for(device_index: int) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def cache_summary(device) -> list[tuple[str, Path, int]]:
+    """(label, path, number of entries) of the user and shipped autotune cache files of ``device``'s
+    model, in lookup order (0 entries: missing, empty or unreadable)."""
+    from . import _cache
+
+    return [(label, path, len(_cache._read(str(path)))) for label, path in _cache.cache_files(device)]
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     p = platform()
     if args.json:
@@ -246,6 +255,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         if p.backend != "cpu":
             out["configs"] = {
                 i: [dict(zip(("kernel", "problem", "config", "source"), r)) for r in _configs_for(i)]
+                for i in range(p.device_count)
+            }
+            out["autotune_cache"] = {
+                i: [{"cache": label, "path": str(path), "entries": n} for label, path, n in cache_summary(p.device(i))]
                 for i in range(p.device_count)
             }
         print(json.dumps(out, indent=2, default=str))
@@ -263,6 +276,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             f"device {i}: {d.name}  arch {d.arch}  warp {d.warp_size}  compute units {d.compute_units}  "
             f"shared mem/block {d.shared_mem_per_block} B  -> {table.path.name} [{section}]"
         )
+        for label, path, n in cache_summary(d):
+            print(f"  {label}: {path} ({f'{n} tuned entries' if n else 'none for this model'})")
         for kernel, label, cfg, source in _configs_for(i):
             print(f"  {kernel:<14} {label:<24} {cfg:<58} from {source}")
     print(f"kernels with tables: {', '.join(SPECS)}")
