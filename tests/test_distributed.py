@@ -28,16 +28,17 @@ def _torchrun(tmp_path, *args: str) -> list[dict]:
 
 
 def test_dtensor_norms_and_fsdp2_norm_grads(tmp_path):
-    results = _torchrun(tmp_path, "--checks", "dtensor")
+    results = _torchrun(tmp_path, "--checks", "dtensor", "--dtype", "float32", "bfloat16")
     names = [r["check"] for r in results]
-    assert any("fsdp2" in n for n in names) and sum("error" in n for n in names) == 4
+    assert sum("fsdp2" in n for n in names) == 2 and sum("error" in n for n in names) == 8
     assert all(r["ok"] for r in results), [r for r in results if not r["ok"]]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers (the hf extra)")
 def test_patched_model_under_ddp_and_fsdp2(tmp_path):
-    results = _torchrun(tmp_path, "--checks", "ddp", "fsdp2", "--steps", "5")
-    assert [r["check"] for r in results] == ["ddp", "fsdp2"]
+    results = _torchrun(tmp_path, "--checks", "ddp", "fsdp2", "--steps", "5", "--dtype", "float32", "bfloat16")
+    assert [(r["check"], r["dtype"]) for r in results] == [
+        ("ddp", "float32"), ("fsdp2", "float32"), ("ddp", "bfloat16"), ("fsdp2", "bfloat16")]
     for r in results:
         assert r["ok"], r
         assert r["losses"][-1] < r["losses"][0]  # it trains
