@@ -16,15 +16,32 @@ drawn with ``initializer_range=0.1`` instead of 0.02, so that activations and lo
 zero (logits have a standard deviation of about 0.8). The configs set ``use_cache=False``; pass
 ``use_cache=True`` to ``generate``.
 
-Used by the patch and convergence tests, the demo script and the multi-process test; needs
+Used by the patch and convergence tests; needs
 ``transformers`` (import it after ``pytest.importorskip("transformers")``).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-__all__ = ["FAMILIES", "VOCAB", "tiny_config", "tiny_model"]
+__all__ = ["FAMILIES", "VOCAB", "isolated_patching", "tiny_config", "tiny_model"]
+
+
+@pytest.fixture
+def isolated_patching():
+    """For test modules that patch models (``pytestmark = pytest.mark.usefixtures(...)``): one torch
+    thread (tiny models; more threads oversubscribe 2 cores under xdist and ran these tests 4-20x
+    slower), and the class- and module-level replacements (``apply_rotary_pos_emb``,
+    ``apply_liger_kernel_to_*``) undone before and after each test."""
+    from liger_portable.transformers import _patch
+
+    _patch.revert()  # also what an earlier test in this process may have left
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    _patch.revert()
 
 #: The model families liger_portable.transformers supports (``apply_liger_kernel_to_<family>``;
 #: ``gemma3`` is the text model, Gemma3ForCausalLM, patched by ``apply_liger_kernel_to_gemma3_text``).

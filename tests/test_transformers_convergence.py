@@ -40,7 +40,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hf_tiny import FAMILIES, VOCAB, tiny_model  # noqa: E402
+from hf_tiny import FAMILIES, VOCAB, isolated_patching, tiny_model  # noqa: E402,F401
 
 import liger_portable.transformers as lpt  # noqa: E402
 from liger_portable.transformers import _patch  # noqa: E402
@@ -59,17 +59,7 @@ SETTINGS = {
 MIXTRAL_BF16_LOSS_TOL = 6e-2  # expert routing flips under bf16 rounding: see the module docstring
 
 
-@pytest.fixture(autouse=True)
-def _isolate():
-    """One torch thread (these models are tiny: with 2 xdist workers on 2 cores, more threads
-    oversubscribe the CPU and ran this file 4-20x slower), and undo ``patch``'s replacement of the
-    modeling modules' ``apply_rotary_pos_emb`` before and after each test."""
-    _patch.revert()  # also what an earlier test in this process may have left
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    _patch.revert()
+pytestmark = pytest.mark.usefixtures("isolated_patching")
 
 
 def make_data(seed: int):

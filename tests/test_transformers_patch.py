@@ -25,7 +25,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hf_tiny import FAMILIES, VOCAB, tiny_config, tiny_model  # noqa: E402
+from hf_tiny import FAMILIES, VOCAB, isolated_patching, tiny_config, tiny_model  # noqa: E402,F401
 
 import liger_portable.functional as LF  # noqa: E402
 import liger_portable.transformers as lpt  # noqa: E402
@@ -55,16 +55,7 @@ LIGER_FUNCTIONS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _isolate():
-    """One torch thread (tiny models; more threads oversubscribe 2 cores under xdist), and undo
-    the class- and module-level replacements (``apply_rotary_pos_emb``, ``apply_liger_kernel_to_*``)."""
-    _patch.revert()  # also what an earlier test in this process may have left
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    _patch.revert()
+pytestmark = pytest.mark.usefixtures("isolated_patching")
 
 
 @pytest.fixture
