@@ -213,11 +213,11 @@ def _rope(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
     strides = ["sqb", "sqh", "sqs", "skb", "skh", "sks", "sqob", "sqoh", "sqos", "skob", "skoh", "skos",
                "scb", "scs", "ssb", "sss"]
     args = [(p, t) for p in ptrs] + [(s, "i32") for s in strides]
-    args += [("n_qh", "i32"), ("n_heads", "i32"), ("seq_len", "i32"), ("n_sblocks", "i32")]
+    args += [("n_qh", "i32"), ("n_heads", "i32"), ("seq_len", "i32"), ("n_sblocks", "i32"), ("n_hgroups", "i32")]
     out = []
     for backward in (False, True):
         c = {"BACKWARD": backward, "HALF": head_dim // 2, "BLOCK_H": next_pow2(head_dim // 2),
-             "BLOCK_S": cfg["BLOCK_S"]}
+             "BLOCK_S": cfg["BLOCK_S"], "HEADS": cfg["HEADS"]}
         # Every stride is a multiple of head_dim (Hugging Face layouts), so of 16 when head_dim is.
         out.append(Launch(_rope_kernel, _sig(args, c), c, _aligned(ptrs, strides, head_dim),
                           "backward" if backward else "forward"))

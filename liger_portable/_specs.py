@@ -163,7 +163,10 @@ SPECS: dict[str, KernelSpec] = {
             name="rope",
             key=("head_dim", "n_heads", "seq_len"),
             bucket=_rope_bucket,
-            params={"BLOCK_S": Param(1, 256, doc="sequence positions per program")},
+            params={
+                "BLOCK_S": Param(1, 256, doc="sequence positions per program"),
+                "HEADS": Param(1, 64, doc="neighbouring heads per program, sharing one cos/sin tile"),
+            },
             source="ops/rope.py",
         ),
         KernelSpec(

@@ -371,18 +371,22 @@ def test_kernel_interpreter_only_one_gradient(simulated_device, poison):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("block_s,num_warps", [(1, 1), (2, 8), (32, 2)])
-def test_kernel_interpreter_search_space_points(poison, block_s, num_warps):
-    """Configs the sweep may pick (BLOCK_S from 1 to 32) give the same result (the config is explicit,
-    so one simulated device is enough)."""
+@pytest.mark.parametrize(
+    "block_s,num_warps,heads,n_q,n_k",
+    [(1, 1, 1, 1, 1), (2, 8, 1, 1, 1), (32, 2, 1, 1, 1), (4, 4, 2, 5, 3), (8, 2, 4, 7, 2), (16, 4, 8, 3, 1)],
+)
+def test_kernel_interpreter_search_space_points(poison, block_s, num_warps, heads, n_q, n_k):
+    """Configs the sweep may pick (BLOCK_S from 1 to 32, 1 to 8 heads a program) give the same result
+    (the config is explicit, so one simulated device is enough). The head counts put the q/k boundary
+    inside a group of heads (5 + 3 in pairs) and leave the last group part-empty (7 + 2 in fours)."""
     from conftest import SIMULATED_DEVICES
     from liger_portable._configs import make_resolved
     from liger_portable._dispatch import simulate
     from liger_portable.ops import rope as rope_ops
 
-    c = Case(2, 19, 1, 1, 80, "hf", cos_batch=2)
+    c = Case(2, 19, n_q, n_k, 80, "hf", cos_batch=2)
     qb, kb, cos, sin, dq, dk = _inputs(c, torch.float32, seed=7)
-    r = make_resolved("rope", {"num_warps": num_warps, "BLOCK_S": block_s}, "test")
+    r = make_resolved("rope", {"num_warps": num_warps, "BLOCK_S": block_s, "HEADS": heads}, "test")
     q, k = qb.transpose(1, 2), kb.transpose(1, 2)
     with simulate(SIMULATED_DEVICES["rocm-gfx942"]):
         oq, ok = rope_ops.rope_fwd(q, k, cos, sin, config=r)

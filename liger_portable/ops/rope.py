@@ -7,10 +7,11 @@ transposed view for ``unsqueeze_dim=2``), and ``cos``/``sin`` as ``(1 or batch, 
 with a contiguous last dimension. Nothing is copied: Hugging Face's ``q`` (a
 ``view(B, S, H, D).transpose(1, 2)``) is read through its strides.
 
-Grid. One launch covers q and k: a 1-D grid over ``batch x seq blocks x (q heads + k heads)``,
-heads fastest, so that programs running side by side share one block of cos/sin (read per
-program, it stays in L2) and, in the Hugging Face layout, touch neighbouring memory. Each program
-rotates ``BLOCK_S`` positions of one head; the two halves of the head dimension are loaded as
+Grid. One launch covers q and k: a 1-D grid over ``batch x seq blocks x head groups`` (q heads
+then k heads, ``HEADS`` neighbouring heads a group), heads fastest, so that programs running side
+by side share one block of cos/sin (read per program, it stays in L2) and, in the Hugging Face
+layout, touch neighbouring memory. Each program loads ``BLOCK_S`` positions of cos/sin once and
+rotates them for each head of its group; the two halves of the head dimension are loaded as
 two ``BLOCK_S x next_pow2(head_dim / 2)`` tiles (masked when head_dim / 2 is not a power of two).
 
 Maths (rotate-half convention, with ``x = [x1, x2]``, ``cos = [c1, c2]``, ``sin = [s1, s2]``)::
@@ -67,12 +68,13 @@ def _rope_kernel(
     sqb, sqh, sqs, skb, skh, sks,
     sqob, sqoh, sqos, skob, skoh, skos,
     scb, scs, ssb, sss,
-    n_qh, n_heads, seq_len, n_sblocks,
+    n_qh, n_heads, seq_len, n_sblocks, n_hgroups,
     BACKWARD: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEADS: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    h = pid % n_heads
-    t = pid // n_heads
+    hg = pid % n_hgroups
+    t = pid // n_hgroups
     sblk = t % n_sblocks
     b = (t // n_sblocks).to(tl.int64)
     rows = sblk * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -92,12 +94,15 @@ def _rope_kernel(
         s2 = -s1
         s1 = neg_s2
 
-    if h < n_qh:
-        _rope_tile(Q, QO, b, h.to(tl.int64), rows64, cols, mask, sqb, sqh, sqs, sqob, sqoh, sqos,
-                   c1, c2, s1, s2, HALF=HALF)
-    else:
-        _rope_tile(K, KO, b, (h - n_qh).to(tl.int64), rows64, cols, mask, skb, skh, sks, skob, skoh, skos,
-                   c1, c2, s1, s2, HALF=HALF)
+    # HEADS neighbouring heads share the cos/sin tile loaded above.
+    for i in tl.static_range(HEADS):
+        h = hg * HEADS + i
+        if h < n_qh:
+            _rope_tile(Q, QO, b, h.to(tl.int64), rows64, cols, mask, sqb, sqh, sqs, sqob, sqoh, sqos,
+                       c1, c2, s1, s2, HALF=HALF)
+        elif h < n_heads:
+            _rope_tile(K, KO, b, (h - n_qh).to(tl.int64), rows64, cols, mask, skb, skh, sks, skob, skoh, skos,
+                       c1, c2, s1, s2, HALF=HALF)
 
 
 # --------------------------------------------------------------------------- launch
@@ -138,17 +143,18 @@ def _launch(
     cfg = config or resolve("rope", device_info(ref), (head_dim, n_heads, seq_len), ref.dtype)
     block_s = cfg.meta["BLOCK_S"]
     n_sblocks = triton.cdiv(seq_len, block_s)
+    n_hgroups = triton.cdiv(n_heads, cfg.meta["HEADS"])
     # A missing tensor (its gradient not needed) is replaced by the other; its heads are not visited.
     qa, qao = (a, ao) if a is not None else (b, bo)
     kb, kbo = (b, bo) if b is not None else (a, ao)
     cb = cos.stride(0) if cos.shape[0] > 1 else 0
     sb = sin.stride(0) if sin.shape[0] > 1 else 0
-    _rope_kernel[(batch * n_sblocks * n_heads,)](
+    _rope_kernel[(batch * n_sblocks * n_hgroups,)](
         qa, kb, qao, kbo, cos, sin,
         qa.stride(0), qa.stride(1), qa.stride(2), kb.stride(0), kb.stride(1), kb.stride(2),
         qao.stride(0), qao.stride(1), qao.stride(2), kbo.stride(0), kbo.stride(1), kbo.stride(2),
         cb, cos.stride(1), sb, sin.stride(1),
-        n_a, n_heads, seq_len, n_sblocks,
+        n_a, n_heads, seq_len, n_sblocks, n_hgroups,
         BACKWARD=backward, HALF=head_dim // 2, BLOCK_H=next_pow2(head_dim // 2), **cfg.launch,
     )
     return ao, bo
