@@ -170,10 +170,11 @@ def _choose(p: _warmup.Problem, dev) -> dict:
         return {"status": "no hook"}
 
     def tune() -> dict:
-        res = _tune.tune(p.kernel, dev, p.named, p.dtype, hook(dev, p.named, p.dtype))
+        res = _tune.tune(p.kernel, dev, p.named, p.dtype, hook(dev, p.named, p.dtype), parallel_compile=True)
         if res.time_ms is None:
             return {"status": "failed", "error": "; ".join(err for _, err in res.skipped[:2])}
-        return {"config": res.config, "time_ms": res.time_ms, "default_ms": res.default_ms, "status": "tuned"}
+        return {"config": res.config, "time_ms": res.time_ms, "default_ms": res.default_ms, "status": "tuned",
+                "compile": res.compile}
 
     try:
         try:
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     _tune_hooks.register_all()
     distributed = _init_distributed()
     rank = int(os.environ.get("RANK", "0"))
-    rows, problems_left, t0 = [], {}, time.perf_counter()
+    rows, problems_left, compiles, t0 = [], {}, set(), time.perf_counter()
     progress = _Progress(len(probs), enabled=rank == 0 and not args.json)
     for i, p in enumerate(probs):
         spec = SPECS[p.kernel]
@@ -212,6 +213,8 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
             if _cache.lookup_entry(spec, dev, p.named, p.dtype) is None:
                 # another node's leader chose it: record its result here too, so every rank reads it later
                 _cache.record(spec, dev, p.named, p.dtype, got["config"], got.get("time_ms"), got.get("default_ms"))
+        if got.get("compile"):
+            compiles.add(got["compile"])
         if got["status"] in ("no hook", "failed"):
             problems_left[f"{p.kernel} {p.describe()}"] = got.get("error") or got["status"]
         gain = (1 - got["time_ms"] / got["default_ms"]) if got.get("time_ms") and got.get("default_ms") else None
@@ -226,7 +229,8 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
         if args.json:
             print(json.dumps({"device": dev.name, "seconds": time.perf_counter() - t0, "results": rows}, indent=1))
         else:
-            print(f"warmup of {len(probs)} problems on {dev.name}: {time.perf_counter() - t0:.1f} s")
+            how = f" ({', '.join(sorted(compiles))})" if compiles else ""
+            print(f"warmup of {len(probs)} problems on {dev.name}: {time.perf_counter() - t0:.1f} s{how}")
             print_table(rows, ["kernel", "problem", "dtype", "config", "ms", "default ms", "gain", "status"])
         for what, why in problems_left.items():
             print(f"not tuned: {what}: {why}", file=sys.stderr)

@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip_gpu)
-        if "interpreter" in item.keywords and not INTERPRET:
+        if "interpreter" in item.keywords and "gpu" not in item.keywords and not INTERPRET:
             item.add_marker(skip_interp)
 
 

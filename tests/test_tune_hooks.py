@@ -314,3 +314,42 @@ def test_autotune_miss_registers_and_uses_the_default_hooks(simulated_device, mo
     y, _ = rms_ops.rms_norm_fwd(x, w, EPS, 0.0, False)  # the tuned config, through resolve
     assert rel_err(y, fallback.rms_norm(x.double(), w.double(), EPS, 0.0, "llama")) < TOL[torch.float32]
     assert len(timed) == 2  # the hit did not tune again
+
+
+# --------------------------------------------------------------------------- parallel compile (GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["rms_norm_bwd", "rope", "cross_entropy"])
+def test_parallel_compile_gpu(kernel):
+    """tune(parallel_compile=True) on the GPU: every config compiled in threads first, then timed;
+    Triton's launch is restored afterwards, and launches of the timed configs compute the right
+    answer (a kernel left half-compiled, or a launch still turned into a compile-only warmup, would not)."""
+    from triton.runtime.jit import JITFunction
+
+    original = JITFunction.run
+    dev = liger_portable.platform().device(0)
+    named, dtype = PROBLEMS[kernel], torch.float32
+    run = _tune_hooks.build_run(kernel, dev, named, dtype)
+    res = _tune.tune(kernel, dev, named, dtype, run, record=False, parallel_compile=True)
+    assert res.compile.startswith(("parallel compile", "serial compile (this Triton has no"))
+    assert JITFunction.run is original and not getattr(_tune._compile_only, "active", False)
+    assert res.time_ms is not None and len(res.timings) >= 2
+    outputs: list[tuple] = []
+    run.timer = lambda fn: (outputs.append(_clone(fn())), 1.0)[1]
+    for cfg, _ms in res.timings[:6]:
+        run(make_resolved(kernel, cfg))
+    ref = reference(kernel, {k: v.cpu() for k, v in run.inputs.items()})
+    for out in outputs:
+        assert_matches(kernel, tuple(o.cpu() if isinstance(o, torch.Tensor) else o for o in out), ref, dtype)
+
+
+def test_precompile_is_serial_in_the_interpreter_and_with_a_custom_timer(monkeypatch):
+    """precompile() only runs with Triton's own launches on a GPU: the interpreter and a custom timer
+    (the CPU tests' fake timers) keep the serial path, and nothing is launched for it."""
+    calls = []
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert _tune.precompile("rms_norm_fwd", [{}], calls.append).startswith("serial")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert _tune.precompile("rms_norm_fwd", [{}], calls.append, timer=lambda fn: 1.0).startswith("serial")
+    assert calls == []
