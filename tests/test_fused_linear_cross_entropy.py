@@ -264,6 +264,35 @@ def test_kernel_gpu_memory():
 
 
 @pytest.mark.gpu
+def test_kernel_gpu_beyond_int32_elements():
+    """BT x V = 16400 x 131072 (2.15e9 > 2**31 logits, never materialised), fp32: the per-token losses
+    and the gradients of the last tokens against float64. Only the last 5 tokens get a nonzero
+    upstream gradient, so grad_weight is theirs alone and its float64 reference is exact."""
+    dev = _gpu()
+    BT, H, V = 16400, 64, 131072
+    g = torch.Generator(device=dev).manual_seed(3)
+    h = torch.randn(BT, H, device=dev, generator=g).requires_grad_()
+    w = (torch.randn(V, H, device=dev, generator=g) / H**0.5).requires_grad_()
+    t = torch.randint(0, V, (BT,), device=dev, generator=g)
+    tail = slice(BT - 5, BT)
+    go = torch.zeros(BT, device=dev)
+    go[tail] = torch.randn(5, device=dev, generator=g)
+    loss = F.fused_linear_cross_entropy(h, w, t, reduction="none")
+    (loss * go).sum().backward()
+
+    logits = h[tail].double() @ w.double().T
+    lse = torch.logsumexp(logits, dim=-1)
+    ref_loss = lse - logits.gather(1, t[tail, None]).squeeze(1)
+    d = torch.softmax(logits, dim=-1)
+    d[torch.arange(5), t[tail]] -= 1.0
+    d *= go[tail, None].double()
+    assert rel_err(loss[tail], ref_loss) <= 1e-5
+    assert rel_err(h.grad[tail], d @ w.double()) <= 1e-5
+    assert rel_err(w.grad, d.T @ h[tail].double()) <= 1e-5
+    assert torch.count_nonzero(h.grad[: BT - 5]) == 0
+
+
+@pytest.mark.gpu
 def test_compile_fullgraph_gpu():
     h, w, b, t = _inputs(256, 512, 32000, torch.bfloat16, device=_gpu())
     ref = flce_reference(h, w, b, t, opts=OPTIONS["all"])

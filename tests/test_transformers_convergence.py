@@ -99,13 +99,15 @@ def top_logprobs(model, batch):
     return torch.log_softmax(out.logits.float(), dim=-1).topk(TOPK, dim=-1).values
 
 
-def run_pair(family: str, dtype: torch.dtype, steps: int, seed: int = 0):
+def run_pair(family: str, dtype: torch.dtype, steps: int, seed: int = 0, device: str = "cpu"):
     batches, held_out = make_data(seed)
-    ref = tiny_model(family, dtype=dtype, seed=seed)
+    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
+    held_out = {k: v.to(device) for k, v in held_out.items()}
+    ref = tiny_model(family, dtype=dtype, seed=seed).to(device)
     ref_losses = train(ref, batches, steps)
     ref_top = top_logprobs(ref, held_out)
 
-    model = tiny_model(family, dtype=dtype, seed=seed)
+    model = tiny_model(family, dtype=dtype, seed=seed).to(device)
     lpt.patch(model)
     losses = train(model, batches, steps)
     top = top_logprobs(model, held_out)
@@ -154,6 +156,19 @@ def test_convergence(family, dtype):
     if family == "mixtral" and dtype == torch.bfloat16:
         loss_tol = MIXTRAL_BF16_LOSS_TOL
     ref_run, run = run_pair(family, dtype, steps)
+    check_pair(family, ref_run, run, loss_tol, param_tol, logprob_tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_convergence_gpu(family, dtype):
+    """The same runs on the GPU: the patched model runs the real Triton kernels (the unpatched one
+    Hugging Face's CUDA path), with the same tolerances."""
+    steps, loss_tol, param_tol, logprob_tol = SETTINGS[dtype]
+    if family == "mixtral" and dtype == torch.bfloat16:
+        loss_tol = MIXTRAL_BF16_LOSS_TOL
+    ref_run, run = run_pair(family, dtype, steps, device="cuda" if torch.cuda.is_available() else "xpu")
     check_pair(family, ref_run, run, loss_tol, param_tol, logprob_tol)
 
 
