@@ -2,6 +2,11 @@
 # One batched GPU session (device tool or any GPU machine): tests, node check, benchmarks.
 # Usage: [WARMUP=llama-3-8b] bash scripts/gpu_session.sh [bench names...]   (default: the kernel benches;
 #        train_step: scripts/bench_train_step.py, give it BENCH_TIMEOUT=480)
+# Environment: CHECK=0 skips `liger-portable check`; WARMUP_ARGS, WARMUP_TIMEOUT (default 600 s);
+#        TESTS=0 skips the GPU tests (TESTS='tests/test_rope.py' runs only those), TEST_TIMEOUT,
+#        TEST_WORKERS (default 8); BENCH_ARGS for every bench, BENCH_ARGS_<name> for one
+#        (e.g. BENCH_ARGS_rope='--shapes hd64'), BENCH_TIMEOUT (default 120 s a bench). A name given as
+#        cross_entropy:--sweep,--shapes,8192x128256 runs that bench with those arguments.
 # Logs and JSON results are collected in one archive, $OUT/session.tgz (the device tool returns
 # at most 8 files), or left in scripts/results/latest/ without $OUT.
 set -uo pipefail
@@ -18,19 +23,27 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -m liger_portable info 2>&1 | tee "$OUT/info.txt"
-python3 -m liger_portable check 2>&1 | tee "$OUT/check.txt"
-timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/ 2>&1 | tail -30 | tee "$OUT/pytest_gpu.txt"
+[ "${CHECK:-1}" != 0 ] && python3 -m liger_portable check 2>&1 | tee "$OUT/check.txt"
+if [ "${TESTS:-tests/}" != 0 ]; then
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -n "${TEST_WORKERS:-8}" -m gpu -p no:cacheprovider --durations=15 ${TESTS:-tests/} 2>&1 \
+    | tail -60 | tee "$OUT/pytest_gpu.txt"
+fi
 if [ -n "${WARMUP:-}" ]; then   # e.g. WARMUP=llama-3-8b: time the warmup, keep the cache it wrote
   export LIGER_PORTABLE_CACHE_DIR=/tmp/lp_warmup_cache
   rm -rf "$LIGER_PORTABLE_CACHE_DIR"
-  python3 -m liger_portable warmup "$WARMUP" ${WARMUP_ARGS:-} 2>&1 | tee "$OUT/warmup.txt" | tail -60
+  timeout "${WARMUP_TIMEOUT:-600}" python3 -m liger_portable warmup "$WARMUP" ${WARMUP_ARGS:-} 2>&1 | tee "$OUT/warmup.txt" | tail -60
   cp "$LIGER_PORTABLE_CACHE_DIR"/*.json "$OUT/" 2>/dev/null
-  python3 -m liger_portable warmup "$WARMUP" ${WARMUP_ARGS:-} 2>&1 | tail -3 | tee "$OUT/warmup_rerun.txt"  # must be a no-op
+  timeout "${WARMUP_TIMEOUT:-600}" python3 -m liger_portable warmup "$WARMUP" ${WARMUP_ARGS:-} 2>&1 | tail -3 \
+    | tee "$OUT/warmup_rerun.txt"  # must be a no-op
   unset LIGER_PORTABLE_CACHE_DIR
 fi
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=(rms_norm layer_norm fused_add_rms_norm glu rope)
-for n in "${names[@]}"; do
-  (cd scripts && timeout "${BENCH_TIMEOUT:-120}" python3 "bench_$n.py" ${BENCH_ARGS:-}) 2>&1 | tee "$OUT/bench_$n.txt" | tail -40
+for spec in "${names[@]}"; do   # a name, or name:--arg,value,... for a run with its own arguments
+  n=${spec%%:*}; extra=""; tag=""
+  if [[ $spec == *:* ]]; then extra=${spec#*:}; extra=${extra//,/ }; tag=_$(echo "$extra" | tr -cd 'a-z0-9'); fi
+  args_var="BENCH_ARGS_$n"
+  (cd scripts && timeout "${BENCH_TIMEOUT:-120}" python3 "bench_$n.py" ${BENCH_ARGS:-} ${!args_var:-} $extra) 2>&1 \
+    | tee "$OUT/bench_$n$tag.txt" | tail -40
 done
 [ -n "$FINAL" ] && tar czf "$FINAL/session.tgz" -C "$OUT" .
