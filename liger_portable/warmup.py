@@ -170,7 +170,7 @@ def _choose(p: _warmup.Problem, dev) -> dict:
         return {"status": "no hook"}
 
     def tune() -> dict:
-        res = _tune.tune(p.kernel, dev, p.named, p.dtype, hook(dev, p.named, p.dtype), parallel_compile=True)
+        res = _tune.tune(p.kernel, dev, p.named, p.dtype, hook(dev, p.named, p.dtype), dedicated=True)
         if res.time_ms is None:
             return {"status": "failed", "error": "; ".join(err for _, err in res.skipped[:2])}
         return {"config": res.config, "time_ms": res.time_ms, "default_ms": res.default_ms, "status": "tuned",

@@ -322,7 +322,7 @@ def test_autotune_miss_registers_and_uses_the_default_hooks(simulated_device, mo
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["rms_norm_bwd", "rope", "cross_entropy"])
 def test_parallel_compile_gpu(kernel):
-    """tune(parallel_compile=True) on the GPU: every config compiled in threads first, then timed;
+    """tune(dedicated=True) on the GPU: every config compiled in threads first, then timed;
     Triton's launch is restored afterwards, and launches of the timed configs compute the right
     answer (a kernel left half-compiled, or a launch still turned into a compile-only warmup, would not)."""
     from triton.runtime.jit import JITFunction
@@ -331,7 +331,7 @@ def test_parallel_compile_gpu(kernel):
     dev = liger_portable.platform().device(0)
     named, dtype = PROBLEMS[kernel], torch.float32
     run = _tune_hooks.build_run(kernel, dev, named, dtype)
-    res = _tune.tune(kernel, dev, named, dtype, run, record=False, parallel_compile=True)
+    res = _tune.tune(kernel, dev, named, dtype, run, record=False, dedicated=True)
     assert res.compile.startswith(("parallel compile", "serial compile (this Triton has no"))
     assert JITFunction.run is original and not getattr(_tune._compile_only, "active", False)
     assert res.time_ms is not None and len(res.timings) >= 2
@@ -353,3 +353,35 @@ def test_precompile_is_serial_in_the_interpreter_and_with_a_custom_timer(monkeyp
     monkeypatch.delenv("TRITON_INTERPRET")
     assert _tune.precompile("rms_norm_fwd", [{}], calls.append, timer=lambda fn: 1.0).startswith("serial")
     assert calls == []
+
+
+@pytest.mark.gpu
+def test_graph_timing_excludes_the_host_gpu():
+    """Inside tune(dedicated=True) do_bench_ms times CUDA-graph replays: a launch whose host side
+    is slow (0.5 ms of Python before a tiny kernel) measures the kernel, where eager timing measures
+    the host. The replays really run the kernel."""
+    import time
+
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA graphs: CUDA or ROCm")
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host_launch():
+        time.sleep(5e-4)
+        x.add_(1.0)
+
+    eager_ms = _tune.do_bench_ms(slow_host_launch)
+    _tune._graph_timing.active = True
+    try:
+        before = x[0].item()
+        graph_ms = _tune.do_bench_ms(slow_host_launch)
+        assert x[0].item() > before + 10  # the replays added
+    finally:
+        _tune._graph_timing.active = False
+    assert eager_ms >= 0.3, eager_ms
+    assert graph_ms <= 0.1, graph_ms
+
+
+def test_no_cuda_graph_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _tune._cuda_graph(lambda: None) is None
