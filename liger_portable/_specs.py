@@ -57,6 +57,10 @@ class KernelSpec:
         source: file under ``liger_portable/`` whose content versions tuned entries.
         smem_bytes: estimate of shared memory per block for (params, num_warps, element size),
             checked against the device limit before launch.
+        equivalent: ``equivalent(config, named_problem)``: the representative of the configs that
+            launch the very same kernel on that problem (the launch code clamps block sizes to the
+            problem: a column block wider than the row is the row). The tuner times one config of
+            each such group. Default: every config is its own.
     """
 
     name: str
@@ -65,6 +69,7 @@ class KernelSpec:
     params: dict[str, Param]
     source: str
     smem_bytes: Callable[[dict, int, int], int] = field(default=lambda params, num_warps, esize: 0)
+    equivalent: Callable[[dict, dict], dict] = field(default=lambda config, problem: config)
 
     @property
     def version(self) -> str:
@@ -106,6 +111,17 @@ def _row_reduce_smem(params: dict, num_warps: int, esize: int) -> int:
 _PROGRAMS_PER_CU = Param(1, 16, pow2=False, doc="persistent programs per compute unit", host=True)
 
 
+def _clamped(name: str, lo: int) -> Callable[[dict, dict], dict]:
+    """``equivalent`` of a kernel whose launch uses ``min(config[name], next_pow2(n_cols))``
+    (at least ``lo``) as its column block: every value from there up launches the same kernel."""
+
+    def equivalent(config: dict, problem: dict) -> dict:
+        return {**config, name: min(config[name], max(lo, next_pow2(problem["n_cols"])))}
+
+    return equivalent
+
+
+
 def _row_norm_specs(family: str, source: str) -> tuple[KernelSpec, KernelSpec]:
     """Forward and backward specs of a row-normalisation kernel (RMSNorm, LayerNorm, ...)."""
     fwd = KernelSpec(
@@ -115,6 +131,7 @@ def _row_norm_specs(family: str, source: str) -> tuple[KernelSpec, KernelSpec]:
         params={"BLOCK_M": _BLOCK_M, "BLOCK_N_MAX": _BLOCK_N_MAX},
         source=source,
         smem_bytes=_row_reduce_smem,
+        equivalent=_clamped("BLOCK_N_MAX", 1),  # ops: a row that fits BLOCK_N_MAX is one next_pow2 block
     )
     bwd = KernelSpec(
         name=f"{family}_bwd",
@@ -123,6 +140,7 @@ def _row_norm_specs(family: str, source: str) -> tuple[KernelSpec, KernelSpec]:
         params={"BLOCK_M": _BLOCK_M, "BLOCK_N_MAX": _BLOCK_N_MAX, "PROGRAMS_PER_CU": _PROGRAMS_PER_CU},
         source=source,
         smem_bytes=_row_reduce_smem,
+        equivalent=_clamped("BLOCK_N_MAX", 1),
     )
     return fwd, bwd
 
@@ -135,6 +153,7 @@ def _elementwise_spec(name: str, source: str) -> KernelSpec:
         bucket=_rows_cols_bucket,
         params={"BLOCK_M": _BLOCK_M, "BLOCK_N": Param(16, 16384, doc="columns per program tile")},
         source=source,
+        equivalent=_clamped("BLOCK_N", 16),  # ops/glu.py: min(BLOCK_N, max(16, next_pow2(n_cols)))
     )
 
 

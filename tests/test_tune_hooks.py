@@ -385,3 +385,74 @@ def test_graph_timing_excludes_the_host_gpu():
 def test_no_cuda_graph_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _tune._cuda_graph(lambda: None) is None
+
+
+# --------------------------------------------------------------------------- equivalent configs
+
+
+class _LaunchRecorder:
+    """Stands in for a Triton kernel: ``kernel[grid](*args, **kwargs)`` records the grid and every
+    non-tensor argument (sizes, strides, constexprs, num_warps, num_stages) and launches nothing."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            plain = lambda v: not isinstance(v, torch.Tensor)  # noqa: E731
+            self.log.append((self.name, tuple(grid), tuple(a for a in args if plain(a)),
+                             tuple(sorted((k, v) for k, v in kwargs.items() if plain(v)))))
+        return launch
+
+
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+@pytest.mark.parametrize(
+    "kernel,param,values,named",
+    [
+        ("rms_norm_fwd", "BLOCK_N_MAX", [128, 256, 512, 16384], {"n_cols": 300, "n_rows": 19}),
+        ("layer_norm_bwd", "BLOCK_N_MAX", [128, 256, 512, 65536], {"n_cols": 300, "n_rows": 19}),
+        ("swiglu_fwd", "BLOCK_N", [16, 64, 128, 256, 4096], {"n_cols": 100, "n_rows": 19}),
+    ],
+)
+def test_equivalent_configs_launch_the_same_kernel(kernel, param, values, named, simulated_device, monkeypatch):
+    """Configs that KernelSpec.equivalent puts in one group make exactly the same launches (grid,
+    sizes, constexprs, warps); configs in different groups make different ones. So the tuner, which
+    times one config per group, skips only true duplicates."""
+    dev, spec = simulated_device, SPECS[kernel]
+    module = LAUNCHERS[kernel][0]
+    log: list = []
+    for name in dir(module):
+        if name.endswith("_kernel"):
+            monkeypatch.setattr(module, name, _LaunchRecorder(name, log))
+    run = _tune_hooks.build_run(kernel, dev, named, torch.float32, timer=lambda fn: (fn(), 1.0)[1])
+    base = _tune.default_config(kernel, dev, named)
+    launches, groups = {}, {}
+    for v in values:
+        cfg = {**base, param: v}
+        log.clear()
+        run(make_resolved(kernel, cfg))
+        launches[v] = list(log)
+        groups.setdefault(tuple(sorted(spec.equivalent(cfg, dict(named)).items())), []).append(v)
+    assert len(groups) >= 2 and any(len(g) > 1 for g in groups.values()), groups
+    for members in groups.values():
+        assert all(launches[v] == launches[members[0]] for v in members), (members, launches)
+    firsts = [launches[g[0]] for g in groups.values()]
+    assert all(a != b for i, a in enumerate(firsts) for b in firsts[i + 1:]), groups
+
+
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+def test_candidates_skip_equivalent_configs(simulated_device):
+    """SwiGLU with 100 columns: every column block from 128 up is the same launch, so the search
+    space's block sizes (256 to 4096) collapse onto the table default's."""
+    named = {"n_cols": 100, "n_rows": 8192}
+    spec, cands = SPECS["swiglu_fwd"], _tune.candidates("swiglu_fwd", simulated_device, named)
+    forms = [tuple(sorted(spec.equivalent(c, named).items())) for c in cands]
+    assert len(forms) == len(set(forms))
+    base = _tune.default_config("swiglu_fwd", simulated_device, named)
+    assert tuple(sorted(spec.equivalent(base, named).items())) not in forms
+    wide = [(c["BLOCK_M"], c["num_warps"], c["num_stages"]) for c in cands if c["BLOCK_N"] >= 128]
+    assert len(wide) == len(set(wide)), "two candidates differ only in a column block wider than the row"
+    from liger_portable._configs import Limits, load_table, search_configs
+
+    points = search_configs(load_table("cuda"), simulated_device.arch, "swiglu_fwd", Limits.of(simulated_device))
+    assert any(p.get("BLOCK_N", 0) >= 256 for p in points)  # the search space has blocks to collapse
