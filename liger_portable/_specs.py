@@ -61,6 +61,10 @@ class KernelSpec:
             launch the very same kernel on that problem (the launch code clamps block sizes to the
             problem: a column block wider than the row is the row). The tuner times one config of
             each such group. Default: every config is its own.
+        tile_values: ``tile_values(config, named_problem)``: values of one tensor a program holds in
+            registers at once (its tile). The tuner skips search points with more than
+            ``MAX_VALUES_PER_THREAD`` a thread: they spill for certain and their unrolled bodies
+            take seconds to compile. None: no such bound.
     """
 
     name: str
@@ -70,6 +74,7 @@ class KernelSpec:
     source: str
     smem_bytes: Callable[[dict, int, int], int] = field(default=lambda params, num_warps, esize: 0)
     equivalent: Callable[[dict, dict], dict] = field(default=lambda config, problem: config)
+    tile_values: Callable[[dict, dict], int] | None = None
 
     @property
     def version(self) -> str:
@@ -111,6 +116,20 @@ def _row_reduce_smem(params: dict, num_warps: int, esize: int) -> int:
 _PROGRAMS_PER_CU = Param(1, 16, pow2=False, doc="persistent programs per compute unit", host=True)
 
 
+# fp32 values of one tensor per thread above which a tile spills for certain (the H200 sweeps'
+# best points hold 4-16; the tuner does not time points above this).
+MAX_VALUES_PER_THREAD = 32
+
+
+def _row_tile(block: str, lo: int) -> Callable[[dict, dict], int]:
+    """``tile_values`` of a kernel whose tile is BLOCK_M rows x the clamped column block."""
+
+    def tile_values(config: dict, problem: dict) -> int:
+        return config["BLOCK_M"] * min(config[block], max(lo, next_pow2(problem["n_cols"])))
+
+    return tile_values
+
+
 def _clamped(name: str, lo: int) -> Callable[[dict, dict], dict]:
     """``equivalent`` of a kernel whose launch uses ``min(config[name], next_pow2(n_cols))``
     (at least ``lo``) as its column block: every value from there up launches the same kernel."""
@@ -132,6 +151,7 @@ def _row_norm_specs(family: str, source: str) -> tuple[KernelSpec, KernelSpec]:
         source=source,
         smem_bytes=_row_reduce_smem,
         equivalent=_clamped("BLOCK_N_MAX", 1),  # ops: a row that fits BLOCK_N_MAX is one next_pow2 block
+        tile_values=_row_tile("BLOCK_N_MAX", 1),
     )
     bwd = KernelSpec(
         name=f"{family}_bwd",
@@ -141,6 +161,7 @@ def _row_norm_specs(family: str, source: str) -> tuple[KernelSpec, KernelSpec]:
         source=source,
         smem_bytes=_row_reduce_smem,
         equivalent=_clamped("BLOCK_N_MAX", 1),
+        tile_values=_row_tile("BLOCK_N_MAX", 1),
     )
     return fwd, bwd
 
@@ -154,6 +175,7 @@ def _elementwise_spec(name: str, source: str) -> KernelSpec:
         params={"BLOCK_M": _BLOCK_M, "BLOCK_N": Param(16, 16384, doc="columns per program tile")},
         source=source,
         equivalent=_clamped("BLOCK_N", 16),  # ops/glu.py: min(BLOCK_N, max(16, next_pow2(n_cols)))
+        tile_values=_row_tile("BLOCK_N", 16),
     )
 
 
@@ -186,6 +208,7 @@ SPECS: dict[str, KernelSpec] = {
                 "BLOCK_S": Param(1, 256, doc="sequence positions per program"),
                 "HEADS": Param(1, 64, doc="neighbouring heads per program, sharing one cos/sin tile"),
             },
+            tile_values=lambda c, p: c["BLOCK_S"] * next_pow2(p["head_dim"] // 2),
             source="ops/rope.py",
         ),
         KernelSpec(
@@ -196,6 +219,7 @@ SPECS: dict[str, KernelSpec] = {
             bucket=_rows_cols_bucket,
             params={"BLOCK_V": _BLOCK_V},
             source="ops/cross_entropy.py",
+            tile_values=lambda c, p: c["BLOCK_V"],
         ),
         KernelSpec(
             # The cross-entropy launch inside the fused linear cross-entropy, plus the host-side
@@ -208,6 +232,7 @@ SPECS: dict[str, KernelSpec] = {
                 "CHUNK_MIB": Param(8, 8192, pow2=False, doc="logits memory of one token chunk, MiB", host=True),
             },
             source="ops/fused_linear_cross_entropy.py",
+            tile_values=lambda c, p: c["BLOCK_V"],
         ),
     )
 }

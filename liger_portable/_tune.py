@@ -70,7 +70,7 @@ from ._configs import (
     table_config,
 )
 from ._platform import DeviceInfo
-from ._specs import SPECS
+from ._specs import MAX_VALUES_PER_THREAD, SPECS
 
 NOISE = 0.02  # a config must beat the table default by more than this fraction to be chosen
 
@@ -217,7 +217,9 @@ def default_config(kernel: str, device: DeviceInfo, named: Mapping[str, int]) ->
 def candidates(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> list[dict[str, Any]]:
     """Every distinct full config of the search space (merged onto the table default) that is
     legal on ``device``; the table default itself is not included, nor a config that launches the
-    same kernel as one already listed on this problem (``KernelSpec.equivalent``)."""
+    same kernel as one already listed on this problem (``KernelSpec.equivalent``), nor one whose
+    tile holds more than ``MAX_VALUES_PER_THREAD`` values of a tensor per thread
+    (``KernelSpec.tile_values``: it spills, and compiles slowly)."""
     table = load_table(device.backend)
     spec, limits = SPECS[kernel], Limits.of(device)
     base = default_config(kernel, device, named)
@@ -228,6 +230,9 @@ def candidates(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> lis
         cfg = {**base, **point}
         k = tuple(sorted(spec.equivalent(cfg, problem).items()))
         if k in seen:
+            continue
+        threads = cfg["num_warps"] * device.warp_size
+        if spec.tile_values is not None and spec.tile_values(cfg, problem) > MAX_VALUES_PER_THREAD * threads:
             continue
         seen.add(k)
         try:

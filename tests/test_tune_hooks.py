@@ -456,3 +456,26 @@ def test_candidates_skip_equivalent_configs(simulated_device):
 
     points = search_configs(load_table("cuda"), simulated_device.arch, "swiglu_fwd", Limits.of(simulated_device))
     assert any(p.get("BLOCK_N", 0) >= 256 for p in points)  # the search space has blocks to collapse
+
+
+@pytest.mark.parametrize("simulated_device", DEVICE_NAMES, indirect=True)
+def test_candidates_hold_at_most_32_values_a_thread(simulated_device):
+    """No candidate holds more than MAX_VALUES_PER_THREAD values of a tensor per thread (such tiles
+    spill for certain and compile for seconds), every table default stays within it too, and the
+    bound does prune: at 4096 columns the row-norm backward's 16-row tiles are not timed."""
+    from liger_portable._compile_matrix import problems
+    from liger_portable._specs import MAX_VALUES_PER_THREAD
+
+    dev = simulated_device
+    for kernel, spec in SPECS.items():
+        if spec.tile_values is None:
+            continue
+        for p in problems(kernel):
+            named = {f: p[f] for f in spec.key}
+            for cfg in [_tune.default_config(kernel, dev, named), *_tune.candidates(kernel, dev, named)]:
+                per_thread = spec.tile_values(cfg, named) / (cfg["num_warps"] * dev.warp_size)
+                assert per_thread <= MAX_VALUES_PER_THREAD, (kernel, named, cfg)
+    named = {"n_cols": 4096, "n_rows": 8192}
+    assert all(c["BLOCK_M"] * 4096 <= MAX_VALUES_PER_THREAD * c["num_warps"] * dev.warp_size
+               for c in _tune.candidates("rms_norm_bwd", dev, named))
+    assert not any(c["BLOCK_M"] == 16 for c in _tune.candidates("rms_norm_bwd", dev, named))
