@@ -60,6 +60,31 @@ def _seed_per_test(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
+@pytest.fixture(autouse=True)
+def _one_big_memory_test_at_a_time(request):
+    """Tests marked ``big_memory`` (tens of GiB of device memory: more than 2**31 elements) run one
+    at a time across xdist workers, under an exclusive lock file, and hand their memory back to the
+    device afterwards (each worker's caching allocator would keep it): with ``pytest -n auto`` on
+    one GPU, several at once ran the GPU out of memory."""
+    if request.node.get_closest_marker("big_memory") is None:
+        yield
+        return
+    import fcntl
+    import gc
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "liger_portable_big_memory_test.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(params=sorted(SIMULATED_DEVICES))
 def simulated_device(request):
     """Each vendor's simulated device in turn; kernels on CPU tensors run with its configs."""

@@ -387,6 +387,7 @@ def test_kernel_gpu_all_ignored_and_large():
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 def test_kernel_gpu_beyond_int32_offsets():
     """16384 x 131072 bf16 logits (2**31 elements, 4 GiB): the last rows must be right."""
     dev = _gpu()

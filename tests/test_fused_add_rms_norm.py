@@ -391,6 +391,7 @@ def test_kernel_gpu_strided_and_one_output(poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 def test_kernel_gpu_beyond_int32_offsets():
     """More than 2**31 elements: the last rows of y, s and the gradient must be right (int64 offsets)."""
     dev = _gpu()

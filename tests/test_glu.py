@@ -462,6 +462,7 @@ def test_kernel_gpu_inplace_memory(act):
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 def test_kernel_gpu_beyond_int32_offsets():
     """More than 2**31 elements: the last rows must be right (int64 row offsets)."""
     dev = _gpu()

@@ -166,3 +166,16 @@ def test_installed_without_shipped_cache_folder_still_resolves(installed, tmp_pa
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-1].startswith("table rocm.json")
+
+
+@pytest.mark.big_memory
+def test_big_memory_tests_hold_the_exclusive_lock():
+    """The conftest fixture behind ``big_memory``: while such a test runs, no other process (xdist
+    worker) can take the lock, so two never run at once."""
+    import fcntl
+    import os
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "liger_portable_big_memory_test.lock"), "w") as other:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)

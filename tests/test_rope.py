@@ -437,6 +437,7 @@ def test_kernel_gpu_reads_strides_without_copy(monkeypatch, poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 def test_kernel_gpu_beyond_int32_offsets():
     """q with more than 2**31 elements in HF's layout: the last positions must be right (int64 offsets)."""
     dev = _gpu()
