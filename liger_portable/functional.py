@@ -242,6 +242,36 @@ def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> 
     return _glu_ops.glu(_rows(a), _rows(b), act, inplace_backward).view(a.shape)
 
 
+def _glu_down(
+    act: str, a: torch.Tensor, b: torch.Tensor, down: torch.nn.Module
+) -> torch.Tensor | None:
+    """``down(act(a) * b)`` without keeping ``act(a) * b`` for the backward, or None where that
+    fusion does not apply and the caller runs the modules as they are: no gradient to compute, not
+    the Triton kernels' device or dtype, under torch.compile or autocast, a ``down`` that is not a
+    plain ``nn.Linear`` (a LoRA wrapper, a subclass) or has hooks, DTensor weights, or weights of
+    another dtype than ``a``. Used by the MLP modules, whose ``a`` and ``b`` are private."""
+    from torch.nn.modules import module as _module
+
+    weight, bias = getattr(down, "weight", None), getattr(down, "bias", None)
+    if (
+        type(down) is not torch.nn.Linear
+        or not torch.is_grad_enabled()
+        or torch.compiler.is_compiling()
+        or down._forward_hooks or down._forward_pre_hooks or down._backward_hooks or down._backward_pre_hooks
+        or _module._global_forward_hooks or _module._global_forward_pre_hooks
+        or a.shape != b.shape or a.dtype != b.dtype or weight.dtype != a.dtype
+        or (bias is not None and bias.dtype != a.dtype)
+        or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in (a, b, weight) + ((bias,) if bias is not None else ()))
+        or not (a.requires_grad or b.requires_grad or weight.requires_grad)
+        or a.device != weight.device
+        or torch.is_autocast_enabled(a.device.type)
+        or not _kernel_path(_glu_ops, a.device, a)
+    ):
+        return None
+    out = _glu_ops.glu_down(_rows(a), _rows(b), weight, bias, act)
+    return out.view(*a.shape[:-1], weight.shape[0])
+
+
 def swiglu(a: torch.Tensor, b: torch.Tensor, *, inplace_backward: bool = False) -> torch.Tensor:
     """SwiGLU activation product: ``silu(a) * b`` with ``silu(a) = a * sigmoid(a)``.
 

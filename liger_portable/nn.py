@@ -133,13 +133,19 @@ class SwiGLUMLP(_GatedMLP):
     (a transformers config works; ``hidden_act``, if present, must be ``"silu"``).
 
     The gate and up activations are private to the module, so the backward writes their gradients
-    into their storage (``inplace_backward=True``): no memory beyond the product itself.
+    into their storage (``inplace_backward=True``). With the Triton kernels, in eager training, the
+    product is not kept for the backward either: ``down_proj`` runs inside one autograd function
+    whose backward recomputes it (one tokens x intermediate tensor less per layer). Where that does
+    not apply (``down_proj`` wrapped or hooked, torch.compile, autocast, the CPU fallback) the
+    modules run as written above, with the same results.
     """
 
     _ACTS = ("silu", "swish")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.swiglu(self.gate_proj(x), self.up_proj(x), inplace_backward=True))
+        a, b = self.gate_proj(x), self.up_proj(x)
+        out = F._glu_down("silu", a, b, self.down_proj)
+        return out if out is not None else self.down_proj(F.swiglu(a, b, inplace_backward=True))
 
 
 class GEGLUMLP(_GatedMLP):
@@ -154,7 +160,9 @@ class GEGLUMLP(_GatedMLP):
     _ACTS = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.geglu(self.gate_proj(x), self.up_proj(x), inplace_backward=True))
+        a, b = self.gate_proj(x), self.up_proj(x)
+        out = F._glu_down("gelu_tanh", a, b, self.down_proj)
+        return out if out is not None else self.down_proj(F.geglu(a, b, inplace_backward=True))
 
 
 class _LossOptions(nn.Module):

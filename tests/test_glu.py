@@ -395,6 +395,83 @@ def test_kernel_interpreter_module(simulated_device, poison, act):
     _compare_modules(m, hand, torch.float32, tol=1e-5)
 
 
+def _saved_bytes(m, x) -> tuple[torch.Tensor, int]:
+    """``m(x)`` and the bytes of the distinct tensors autograd saved for its backward."""
+    saved = {}
+
+    def pack(t):
+        saved[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = m(x)
+    return y, sum(saved.values())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_module_does_not_keep_the_product(simulated_device, poison, act, dtype):
+    """With the kernels, the MLP keeps x, the gate and up activations and the weights for the
+    backward, not act(a) * b: one (tokens x intermediate) tensor less than the modules as written,
+    with the same results (the backward recomputes the product bitwise)."""
+    m = MODULES[act](_config(hidden=32, inter=72, mlp_bias=True)).to(dtype)
+    hand = HandLlamaMLP(32, 72, True, act).to(dtype)
+    hand.load_state_dict(m.state_dict())
+    x = torch.randn(3, 5, 32, dtype=dtype, requires_grad=True)
+    _, fused = _saved_bytes(m, x)
+    _, written = _saved_bytes(hand, x)
+    product = 3 * 5 * 72 * x.element_size()
+    assert fused <= written - product, (fused, written, product)
+    _compare_modules(m, hand, dtype, tol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_module_unfused_where_it_must(simulated_device, act, monkeypatch):
+    """The fusion is taken in plain eager training only. A hooked or replaced down_proj, autocast,
+    weights of another dtype, or no gradient: the MLP runs its modules as written (a hook applies;
+    results as Hugging Face's)."""
+    from liger_portable.ops import glu as glu_ops
+
+    calls = []
+    real = glu_ops.glu_down
+    monkeypatch.setattr(glu_ops, "glu_down", lambda *a: (calls.append(1), real(*a))[1])
+    m = MODULES[act](_config(hidden=32, inter=72))
+    hand = HandLlamaMLP(32, 72, False, act)
+    hand.load_state_dict(m.state_dict())
+    x = torch.randn(4, 32, requires_grad=True)
+
+    assert rel_err(m(x), hand(x)) <= 1e-5 and len(calls) == 1  # plain: fused
+    handle = m.down_proj.register_forward_hook(lambda mod, inp, out: out * 2)
+    assert rel_err(m(x), 2 * hand(x)) <= 1e-5 and len(calls) == 1  # the hook applied
+    handle.remove()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert rel_err(m(x), hand(x)) <= 1e-2 and len(calls) == 1
+    with torch.no_grad():
+        assert rel_err(m(x), hand(x)) <= 1e-5 and len(calls) == 1
+    wrapped = MODULES[act](_config(hidden=32, inter=72))
+    wrapped.load_state_dict(m.state_dict())
+    wrapped.down_proj = torch.nn.Sequential(wrapped.down_proj)  # as a LoRA wrapper would
+    assert rel_err(wrapped(x), hand(x)) <= 1e-5 and len(calls) == 1
+    other = MODULES[act](_config(hidden=32, inter=72))
+    other.load_state_dict(m.state_dict())
+    other.double()
+    assert rel_err(other(x.double()), hand(x)) <= 1e-5 and len(calls) == 1  # float64: no kernels
+    assert F._glu_down("silu", torch.randn(4, 72, requires_grad=True), torch.randn(4, 72),
+                       torch.nn.Linear(72, 32).double()) is None  # weight dtype differs from a
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_module_backward_runs_once(simulated_device):
+    m = MODULES["swiglu"](_config(hidden=32, inter=72))
+    x = torch.randn(4, 32, requires_grad=True)
+    y = m(x).sum()
+    y.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward only once"):
+        y.backward()
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("act", ACTS)
 def test_kernel_interpreter_compile_fullgraph(simulated_device, act):
