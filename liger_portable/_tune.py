@@ -131,7 +131,8 @@ def do_bench_ms(fn: Callable[[], Any], warmup_ms: float = 5.0, rep_ms: float = 1
     once in a CUDA graph and the replays are timed: the GPU time without the host's launch cost.
     Eager timing counts that cost whenever the host is slower than the kernel (a RoPE launch of
     about 25 us on a host that needs more to launch it measured anywhere from 0.03 to 0.08 ms on
-    the H200). Capture synchronises the device, so runtime tuning keeps eager timing.
+    the H200). Runtime tuning, inside a training process whose other streams may be busy, keeps
+    eager timing.
     """
     if getattr(_compile_only, "active", False):
         fn()  # inside precompile(): the launches only submit their compiles
