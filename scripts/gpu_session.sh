@@ -2,7 +2,7 @@
 # One batched GPU session (device tool or any GPU machine): tests, node check, benchmarks.
 # Usage: [WARMUP=llama-3-8b] bash scripts/gpu_session.sh [bench names...]   (default: the kernel benches;
 #        train_step: scripts/bench_train_step.py, give it BENCH_TIMEOUT=480)
-# Environment: CHECK=0 skips `liger-portable check`; WARMUP_ARGS, WARMUP_TIMEOUT (default 600 s);
+# Environment: CHECK=0 skips `liger-portable check`; DEMO=1 runs `liger-portable demo`; WARMUP_ARGS, WARMUP_TIMEOUT (default 600 s);
 #        TESTS=0 skips the GPU tests (TESTS='tests/test_rope.py' runs only those), TEST_TIMEOUT,
 #        TEST_WORKERS (default 8); BENCH_ARGS for every bench, BENCH_ARGS_<name> for one
 #        (e.g. BENCH_ARGS_rope='--shapes hd64'), BENCH_TIMEOUT (default 120 s a bench). A name given as
@@ -27,6 +27,9 @@ python3 -m liger_portable info 2>&1 | tee "$OUT/info.txt"
 if [ "${TESTS:-tests/}" != 0 ]; then
   timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -n "${TEST_WORKERS:-8}" -m gpu -p no:cacheprovider --durations=15 ${TESTS:-tests/} 2>&1 \
     | tail -60 | tee "$OUT/pytest_gpu.txt"
+fi
+if [ "${DEMO:-0}" != 0 ]; then   # the README's main job on this GPU
+  timeout "${DEMO_TIMEOUT:-300}" python3 -m liger_portable demo 2>&1 | tee "$OUT/demo.txt" | tail -30
 fi
 if [ -n "${WARMUP:-}" ]; then   # e.g. WARMUP=llama-3-8b: time the warmup, keep the cache it wrote
   export LIGER_PORTABLE_CACHE_DIR=/tmp/lp_warmup_cache
