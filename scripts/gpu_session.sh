@@ -2,7 +2,8 @@
 # One batched GPU session (device tool or any GPU machine): tests, node check, benchmarks.
 # Usage: [WARMUP=llama-3-8b] bash scripts/gpu_session.sh [bench names...]   (default: the kernel benches;
 #        train_step: scripts/bench_train_step.py, give it BENCH_TIMEOUT=480)
-# Environment: CHECK=0 skips `liger-portable check`; DEMO=1 runs `liger-portable demo`; WARMUP_ARGS, WARMUP_TIMEOUT (default 600 s);
+# Environment: CHECK=0 skips `liger-portable check`; DEMO=1 runs `liger-portable demo`;
+#        WARMUP_ARGS, WARMUP_TIMEOUT (default 600 s);
 #        TESTS=0 skips the GPU tests (TESTS='tests/test_rope.py' runs only those), TEST_TIMEOUT,
 #        TEST_WORKERS (default 8); BENCH_ARGS for every bench, BENCH_ARGS_<name> for one
 #        (e.g. BENCH_ARGS_rope='--shapes hd64'), BENCH_TIMEOUT (default 120 s a bench). A name given as
