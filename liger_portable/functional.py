@@ -21,6 +21,7 @@ if importlib.util.find_spec("triton") is not None:
     from .ops import layer_norm as _layer_norm_ops
     from .ops import rope as _rope_ops
     from .ops import glu as _glu_ops
+    from .ops import mlp as _mlp_ops
     from .ops import cross_entropy as _ce_ops
     from .ops import fused_linear_cross_entropy as _flce_ops
 else:  # pragma: no cover - exercised only on machines without Triton
@@ -28,6 +29,7 @@ else:  # pragma: no cover - exercised only on machines without Triton
     _layer_norm_ops = None
     _rope_ops = None
     _glu_ops = None
+    _mlp_ops = None
     _ce_ops = None
     _flce_ops = None
 
@@ -268,7 +270,7 @@ def _glu_down(
         or not _kernel_path(_glu_ops, a.device, a)
     ):
         return None
-    out = _glu_ops.glu_down(_rows(a), _rows(b), weight, bias, act)
+    out = _mlp_ops.glu_down(_rows(a), _rows(b), weight, bias, act)
     return out.view(*a.shape[:-1], weight.shape[0])
 
 

@@ -432,11 +432,11 @@ def test_kernel_interpreter_module_unfused_where_it_must(simulated_device, act, 
     """The fusion is taken in plain eager training only. A hooked or replaced down_proj, autocast,
     weights of another dtype, or no gradient: the MLP runs its modules as written (a hook applies;
     results as Hugging Face's)."""
-    from liger_portable.ops import glu as glu_ops
+    from liger_portable.ops import mlp as mlp_ops
 
     calls = []
-    real = glu_ops.glu_down
-    monkeypatch.setattr(glu_ops, "glu_down", lambda *a: (calls.append(1), real(*a))[1])
+    real = mlp_ops.glu_down
+    monkeypatch.setattr(mlp_ops, "glu_down", lambda *a: (calls.append(1), real(*a))[1])
     m = MODULES[act](_config(hidden=32, inter=72))
     hand = HandLlamaMLP(32, 72, False, act)
     hand.load_state_dict(m.state_dict())

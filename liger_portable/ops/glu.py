@@ -233,51 +233,6 @@ def glu(a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool) -> torch.Tens
     return _GLUFunction.apply(a, b, act, inplace and can_write_in_place(a, b))
 
 
-class _GLUDownFunction(torch.autograd.Function):
-    """``linear(act(a) * b, weight, bias)`` for an MLP's down projection, saving ``a``, ``b`` and
-    the weight but not the product: the backward recomputes it (one more pass over ``a`` and ``b``)
-    for the weight gradient. A Llama MLP otherwise keeps the product for the backward, a
-    (tokens x intermediate) tensor per layer. The recomputed product is bitwise the forward's (same
-    kernel, same config), so the gradients are those of the unfused modules. The backward writes
-    ``da``, ``db`` over ``a`` and ``b`` when they do not overlap (they are the MLP's private
-    activations), hence runs once."""
-
-    @staticmethod
-    def forward(ctx, a, b, weight, bias, act):
-        out = torch.nn.functional.linear(glu_fwd(a, b, act), weight, bias)
-        ctx.save_for_backward(a, b, weight)
-        ctx.act, ctx.has_bias, ctx.done = act, bias is not None, False
-        return out
-
-    @staticmethod
-    def backward(ctx, dy):
-        if ctx.done:
-            raise RuntimeError(
-                "liger_portable's fused MLP can run backward only once: the first backward overwrote "
-                "its gate and up activations with their gradients (as inplace_backward=True does)."
-            )
-        a, b, weight = ctx.saved_tensors
-        c = glu_fwd(a, b, ctx.act)
-        dweight = dy.t().mm(c) if ctx.needs_input_grad[2] else None
-        dbias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
-        dc = dy.mm(weight)
-        del c
-        inplace = can_write_in_place(a, b)
-        da, db = glu_bwd(dc, a, b, ctx.act, inplace)
-        if inplace:
-            ctx.done = True
-            torch.autograd.graph.increment_version(a)
-            torch.autograd.graph.increment_version(b)
-        return da, db, dweight, dbias, None
-
-
-def glu_down(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
-    """Differentiable ``linear(act(a) * b, weight, bias)`` of 2-D ``a``, ``b`` (last dimension
-    contiguous) that does not keep ``act(a) * b`` for the backward (see :class:`_GLUDownFunction`).
-    Eager autograd only: the caller takes the unfused path under torch.compile."""
-    return _GLUDownFunction.apply(a, b, weight, bias, act)
-
-
 @torch.library.custom_op("liger_portable::glu", mutates_args=())
 def glu_op(a: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
     """``act(a) * b`` of 2-D ``a``, ``b`` (last dimension contiguous); act ``silu`` / ``gelu_tanh``."""
