@@ -32,7 +32,9 @@ import argparse
 
 import torch
 
-from benchlib import copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, write_results
+from benchlib import (
+    copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile, write_results,
+)
 
 import liger_portable
 from liger_portable import functional as F
@@ -179,6 +181,7 @@ def sweep(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float, kernel
 
     def time_points(kernel: str, cfgs: list[dict]) -> list[tuple[float, dict]]:
         timed = []
+        precompile(kernel, cfgs, lambda r: launch(kernel, r))
         for cfg in cfgs:
             try:
                 ms = median_ms(launch(kernel, make_resolved(kernel, cfg, "sweep")), warmup_ms=10, rep_ms=60)

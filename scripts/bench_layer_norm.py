@@ -17,7 +17,9 @@ import argparse
 
 import torch
 
-from benchlib import copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, write_results
+from benchlib import (
+    copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile, write_results,
+)
 
 import liger_portable
 from liger_portable import functional as F
@@ -118,13 +120,12 @@ def sweep(
             continue
         default = resolve(kernel, dev, (hidden, rows), dtype)
         base = default.config.to_dict()
-        timed, skipped = [], 0
-        for point in search_configs(table, dev.arch, kernel, Limits.of(dev)):
-            cfg = {**base, **point}
-            tile = cfg["BLOCK_M"] * min(next_pow2(hidden), cfg["BLOCK_N_MAX"])
-            if tile > max_per_thread * cfg["num_warps"] * dev.warp_size:
-                skipped += 1
-                continue
+        points = [{**base, **p} for p in search_configs(table, dev.arch, kernel, Limits.of(dev))]
+        cfgs = [c for c in points  # a tile over max_per_thread values a thread spills for certain
+                if c["BLOCK_M"] * min(next_pow2(hidden), c["BLOCK_N_MAX"]) <= max_per_thread * c["num_warps"] * dev.warp_size]
+        timed, skipped = [], len(points) - len(cfgs)
+        precompile(kernel, cfgs, lambda r, kernel=kernel: call(kernel, r))
+        for cfg in cfgs:
             try:
                 ms = median_ms(call(kernel, make_resolved(kernel, cfg, "sweep")), warmup_ms=10, rep_ms=60)
             except Exception as e:  # noqa: BLE001 - out of resources etc.: skip the point

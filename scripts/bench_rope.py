@@ -26,7 +26,9 @@ import argparse
 
 import torch
 
-from benchlib import copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, write_results
+from benchlib import (
+    copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile, write_results,
+)
 
 import liger_portable
 from liger_portable import functional as F
@@ -156,8 +158,9 @@ def sweep(name: str, shape: tuple, dtype: torch.dtype, ceiling_gbs: float) -> di
         ops.rope_bwd(dq, dk, cos, sin, config=r)
 
     timed = []
-    for point in search_configs(table, dev.arch, "rope", Limits.of(dev)):
-        cfg = {**base, **point}
+    cfgs = [{**base, **point} for point in search_configs(table, dev.arch, "rope", Limits.of(dev))]
+    precompile("rope", cfgs, lambda r: (lambda: run(r)))
+    for cfg in cfgs:
         r = make_resolved("rope", cfg, "sweep")
         try:
             ms = median_ms(lambda: run(r), warmup_ms=10, rep_ms=60)

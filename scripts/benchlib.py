@@ -22,6 +22,16 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 3
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def precompile(kernel: str, cfgs: list[dict], launch: Callable[[object], Callable[[], object]]) -> None:
+    """Compile the kernels of every config of a sweep in parallel threads before they are timed one
+    by one (``liger_portable._tune.precompile``; serially, a sweep spends most of its time
+    compiling). ``launch(resolved)`` returns the zero-argument call that the sweep times."""
+    from liger_portable import _tune
+
+    how = _tune.precompile(kernel, cfgs, lambda r: _tune.do_bench_ms(launch(r)))
+    print(f"    {kernel}: {len(cfgs)} configs, {how}")
+
+
 def graph_ms(step) -> float:
     """Median of CUDA-graph replays of ``step``: the GPU time without host launch overhead."""
     s = torch.cuda.Stream()
