@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 
 import torch
+from torch.nn.modules import module as _nn_module
 
 from . import _dtensor, fallback
 from ._checks import KERNEL_DTYPES, check_choice, check_float, check_nonneg_number
@@ -252,15 +253,13 @@ def _glu_down(
     the Triton kernels' device or dtype, under torch.compile or autocast, a ``down`` that is not a
     plain ``nn.Linear`` (a LoRA wrapper, a subclass) or has hooks, DTensor weights, or weights of
     another dtype than ``a``. Used by the MLP modules, whose ``a`` and ``b`` are private."""
-    from torch.nn.modules import module as _module
-
     weight, bias = getattr(down, "weight", None), getattr(down, "bias", None)
     if (
         type(down) is not torch.nn.Linear
         or not torch.is_grad_enabled()
         or torch.compiler.is_compiling()
         or down._forward_hooks or down._forward_pre_hooks or down._backward_hooks or down._backward_pre_hooks
-        or _module._global_forward_hooks or _module._global_forward_pre_hooks
+        or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
         or a.shape != b.shape or a.dtype != b.dtype or weight.dtype != a.dtype
         or (bias is not None and bias.dtype != a.dtype)
         or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in (a, b, weight) + ((bias,) if bias is not None else ()))

@@ -11,17 +11,7 @@
 # Logs and JSON results are collected in one archive, $OUT/session.tgz (the device tool returns
 # at most 8 files), or left in scripts/results/latest/ without $OUT.
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-FINAL=${OUT:-}
-export OUT=/tmp/gpu_session
-[ -z "$FINAL" ] && OUT=scripts/results/latest
-rm -rf "$OUT" && mkdir -p "$OUT"
-if [ -d .whl ]; then   # peers to benchmark against, carried as wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. scripts/session_env.sh gpu_session scripts/results/latest   # OUT, FINAL, wheels from .whl/, PYTHONPATH
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -m liger_portable info 2>&1 | tee "$OUT/info.txt"
 [ "${CHECK:-1}" != 0 ] && python3 -m liger_portable check 2>&1 | tee "$OUT/check.txt"

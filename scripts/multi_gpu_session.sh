@@ -10,17 +10,7 @@
 # Needs transformers (wheels in .whl/ are installed to /tmp/site when present).
 # Usage: bash scripts/multi_gpu_session.sh     -> $OUT/multi_gpu.tgz (or scripts/results/latest_multi/)
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-FINAL=${OUT:-}
-export OUT=/tmp/multi_gpu_session
-[ -z "$FINAL" ] && OUT=scripts/results/latest_multi
-rm -rf "$OUT" && mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. scripts/session_env.sh multi_gpu_session scripts/results/latest_multi   # OUT, FINAL, wheels from .whl/, PYTHONPATH
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 TR="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
 timeout 300 $TR scripts/distributed_check.py --json "$OUT/distributed_check.json" 2>&1 | tee "$OUT/distributed_check.txt" | grep -E "^(ok|FAIL)"

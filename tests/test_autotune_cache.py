@@ -674,26 +674,29 @@ def test_lock_of_a_dead_process_is_released_at_once(tmp_path, monkeypatch):
     assert r.source == "user cache NVIDIA_H200.json"
 
 
-def test_unwritable_cache_multi_rank_does_not_tune(tmp_path, monkeypatch):
+@pytest.fixture
+def unwritable_autotune(tmp_path, monkeypatch):
+    """LIGER_PORTABLE_AUTOTUNE=1 with a cache folder that cannot be created (a file is in the way)
+    and a recording hook for KERNEL; returns the hook."""
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("x")
     monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(blocker / "sub"))
     hook = _hook()
     _tune.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    return hook
+
+
+def test_unwritable_cache_multi_rank_does_not_tune(unwritable_autotune, monkeypatch):
+    hook = unwritable_autotune
     monkeypatch.setattr(_tune, "_multi_rank", lambda: True)
     with pytest.warns(RuntimeWarning, match="multi-rank .* cannot be shared"):
         assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
     assert hook.calls == []
 
 
-def test_unwritable_cache_single_process_tunes_in_memory(tmp_path, monkeypatch):
-    blocker = tmp_path / "not_a_dir"
-    blocker.write_text("x")
-    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(blocker / "sub"))
-    hook = _hook()
-    _tune.register_hook(KERNEL, hook)
-    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+def test_unwritable_cache_single_process_tunes_in_memory(unwritable_autotune):
+    hook = unwritable_autotune
     with pytest.warns(RuntimeWarning, match="cannot write the autotune cache"):
         r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
     assert len(hook.calls) == 1 and r.source == "user cache NVIDIA_H200.json (in memory)"
