@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched GPU session (device tool or any GPU machine): tests, node check, benchmarks.
 # Usage: [WARMUP=llama-3-8b] bash scripts/gpu_session.sh [bench names...]   (default: the kernel benches;
-#        train_step: scripts/bench_train_step.py, give it BENCH_TIMEOUT=480)
+#        train_step: scripts/bench_train_step.py, give it BENCH_TIMEOUT=480; none: no benches)
 # Environment: CHECK=0 skips `liger-portable check`; DEMO=1 runs `liger-portable demo`;
 #        WARMUP_ARGS, WARMUP_TIMEOUT (default 600 s);
 #        TESTS=0 skips the GPU tests (TESTS='tests/test_rope.py' runs only those), TEST_TIMEOUT,
@@ -33,6 +33,7 @@ if [ -n "${WARMUP:-}" ]; then   # e.g. WARMUP=llama-3-8b: time the warmup, keep 
 fi
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=(rms_norm layer_norm fused_add_rms_norm glu rope)
+[ "${names[0]}" = none ] && names=()   # `gpu_session.sh none`: no benchmarks
 for spec in "${names[@]}"; do   # a name, or name:--arg,value,... for a run with its own arguments
   n=${spec%%:*}; extra=""; tag=""
   if [[ $spec == *:* ]]; then extra=${spec#*:}; extra=${extra//,/ }; tag=_$(echo "$extra" | tr -cd 'a-z0-9'); fi
