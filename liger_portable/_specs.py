@@ -63,8 +63,8 @@ class KernelSpec:
             each such group. Default: every config is its own.
         tile_values: ``tile_values(config, named_problem)``: values of one tensor a program holds in
             registers at once (its tile). The tuner skips search points with more than
-            ``MAX_VALUES_PER_THREAD`` a thread: they spill for certain and their unrolled bodies
-            take seconds to compile. None: no such bound.
+            ``MAX_VALUES_PER_THREAD`` a thread: they spill and their unrolled bodies take
+            seconds to compile. None: no such bound.
     """
 
     name: str
@@ -116,9 +116,10 @@ def _row_reduce_smem(params: dict, num_warps: int, esize: int) -> int:
 _PROGRAMS_PER_CU = Param(1, 16, pow2=False, doc="persistent programs per compute unit", host=True)
 
 
-# fp32 values of one tensor per thread above which a tile spills for certain (the H200 sweeps'
-# best points hold 4-16; the tuner does not time points above this).
-MAX_VALUES_PER_THREAD = 32
+# fp32 values of one tensor per thread above which the tuner does not time a tile: beyond it they
+# spill and compile slowly. The H200 sweeps' best points hold 4-32, and 64 for the fused add+RMSNorm
+# backward at 5120 and 8192 columns (2 rows of 8192 on 256 threads).
+MAX_VALUES_PER_THREAD = 64
 
 
 def _row_tile(block: str, lo: int) -> Callable[[dict, dict], int]:

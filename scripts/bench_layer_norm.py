@@ -24,7 +24,7 @@ from benchlib import (
 import liger_portable
 from liger_portable import functional as F
 from liger_portable._configs import Limits, load_table, make_resolved, resolve, search_configs
-from liger_portable._specs import next_pow2
+from liger_portable._specs import MAX_VALUES_PER_THREAD, next_pow2
 from liger_portable.ops import layer_norm as ops
 
 EPS = 1e-5
@@ -99,7 +99,7 @@ def sweep(
     """Time every legal search-space point for the forward and backward kernels alone (with bias).
 
     Points whose register tile holds more than ``max_per_thread`` fp32 values a thread per tensor
-    are skipped: they spill for certain, and their huge unrolled bodies cost seconds to compile.
+    are skipped: they spill, and their huge unrolled bodies cost seconds to compile.
     """
     dev = liger_portable.platform().device(0)
     table = load_table(dev.backend)
@@ -156,8 +156,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kernels", nargs="+", default=["layer_norm_fwd", "layer_norm_bwd"], help="for --sweep")
-    ap.add_argument("--max-per-thread", type=int, default=32,
-                    help="--sweep skips tiles holding more fp32 values a thread than this (certain spills)")
+    ap.add_argument("--max-per-thread", type=int, default=MAX_VALUES_PER_THREAD,
+                    help="--sweep skips tiles holding more fp32 values a thread than this (spills; the tuner's bound)")
     args = ap.parse_args()
     if args.hidden is None:
         args.hidden = [4096] if args.sweep else [4096, 2880, 5120, 8192]

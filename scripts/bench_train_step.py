@@ -14,6 +14,7 @@ after the model is built to the end (weights, gradients, AdamW state and activat
     python scripts/bench_train_step.py                      # llama (Llama-3.2-1B dims), 3 variants
     python scripts/bench_train_step.py --family qwen2       # Qwen2.5-1.5B dims; gemma2: Gemma-2-2B dims
     python scripts/bench_train_step.py --tiny               # the whole flow on the CPU in seconds
+    python scripts/bench_train_step.py --family demo --profile   # the README demo's model; kernel times
 
 liger-kernel is taken from the environment (``BENCH_TIMEOUT=480 bash scripts/gpu_session.sh train_step``
 installs the wheels in ``.whl/``); a variant that cannot be imported (``unavailable``) or breaks
@@ -61,6 +62,12 @@ FAMILIES = {
         tie_word_embeddings=True, max_position_embeddings=8192, sliding_window=4096,
         final_logit_softcapping=30.0, attn_logit_softcapping=50.0, query_pre_attn_scalar=256,
         hidden_activation="gelu_pytorch_tanh")},
+    # The README demo's model (liger_portable.demo SIZES["gpu"]): small enough that host-side launch
+    # cost shows; the demo itself uses foreach AdamW, this bench fused AdamW.
+    "demo": {"config": "LlamaConfig", "model": "LlamaForCausalLM", "ref": "liger-portable demo", "attn": "sdpa",
+             "batch": 8, "seq": 1024, "dims": dict(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024)},
 }
 # --tiny: the same family with toy sizes (the family's other fields, softcaps etc., are kept).
 TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
@@ -82,14 +89,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="weights (default bfloat16; --tiny float32)")
     ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
     ap.add_argument("--tiny", action="store_true", help="toy config on the CPU: checks the plumbing, measures nothing")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed steps, profile 2 more and print each variant's device time by kernel")
     ap.add_argument("--variant-timeout", type=float, default=300, help="seconds before a variant's subprocess is killed")
     ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--result-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     tiny = args.tiny
     args.variants = list(dict.fromkeys(args.variants))  # each once, in the order given
-    batch = FAMILIES[args.family]["batch"]
-    for name, full, small in (("batch", batch, 2), ("seq", 4096, 64), ("warmup", 3, 1), ("steps", 20, 3)):
+    fam = FAMILIES[args.family]
+    for name, full, small in (("batch", fam["batch"], 2), ("seq", fam.get("seq", 4096), 64), ("warmup", 3, 1), ("steps", 20, 3)):
         if getattr(args, name) is None:
             setattr(args, name, small if tiny else full)
     args.dtype = args.dtype or ("float32" if tiny else "bfloat16")
@@ -206,7 +215,39 @@ def worker(args: argparse.Namespace) -> dict:
         out |= {"median_ms": 1e3 * med, "tokens_per_s": args.batch * args.seq / med}
     if mem is not None:
         out |= {"peak_gib": mem.max_memory_allocated() / 2**30, "peak_reserved_gib": mem.max_memory_reserved() / 2**30}
+    if args.profile and out["status"] == "ok" and mem is not None:
+        out["profile"] = profile_steps(model, opt, ids, variant, steps=2)
     return out
+
+
+def profile_steps(model, opt, ids: torch.Tensor, variant: str, steps: int) -> dict:
+    """``steps`` more training steps under torch.profiler: wall time, device-busy time and the kernels
+    with the most device time per step (printed, and returned for the JSON)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        wall_ms = 1e3 * (time.perf_counter() - t0) / steps
+    from torch.autograd import DeviceType
+
+    # Device-side events only (kernels, memcpy): an aten op also reports its kernels' time as its own.
+    kernels = [e for e in prof.key_averages()
+               if e.self_device_time_total > 0 and getattr(e, "device_type", None) == DeviceType.CUDA]
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / steps
+    top = [{"name": e.key[:90], "calls": e.count // steps, "ms": e.self_device_time_total / 1e3 / steps}
+           for e in kernels[:25]]
+    print(f"  {variant} profile: {wall_ms:.1f} ms a step (profiled), device busy {busy_ms:.1f} ms "
+          f"({100 * busy_ms / wall_ms:.0f}%); kernels by device time per step:")
+    for k in top:
+        print(f"    {k['ms']:8.3f} ms  {k['calls']:5d} calls  {k['name']}")
+    return {"wall_ms": wall_ms, "busy_ms": busy_ms, "top": top}
 
 
 def run_variant(variant: str, args: argparse.Namespace, argv: list[str]) -> dict:

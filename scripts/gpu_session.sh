@@ -16,8 +16,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -m liger_portable info 2>&1 | tee "$OUT/info.txt"
 [ "${CHECK:-1}" != 0 ] && python3 -m liger_portable check 2>&1 | tee "$OUT/check.txt"
 if [ "${TESTS:-tests/}" != 0 ]; then
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -n "${TEST_WORKERS:-8}" -m gpu -p no:cacheprovider --durations=15 ${TESTS:-tests/} 2>&1 \
-    | tail -60 | tee "$OUT/pytest_gpu.txt"
+  # -v: a line per test in pytest_gpu_full.txt, so a run cut by the timeout still names its failures
+  timeout -s INT -k 20 "${TEST_TIMEOUT:-240}" python3 -m pytest -v -rfE -n "${TEST_WORKERS:-8}" -m gpu -p no:cacheprovider \
+    --durations=25 ${TESTS:-tests/} 2>&1 | tee "$OUT/pytest_gpu_full.txt" | grep -v "PASSED\|SKIPPED" | tail -80 | tee "$OUT/pytest_gpu.txt"
 fi
 if [ "${DEMO:-0}" != 0 ]; then   # the README's main job on this GPU
   timeout "${DEMO_TIMEOUT:-300}" python3 -m liger_portable demo 2>&1 | tee "$OUT/demo.txt" | tail -30
