@@ -27,16 +27,23 @@ import torch
 from ._dispatch import use_kernels
 from ._platform import PlatformError, platform
 
-# Model and batch per device kind. GPU: ~150M parameters, 8 x 1024 tokens per step, bf16 weights;
+# Model and batch per device. A training step must keep the GPU busy for the kernels to show: on an
+# H200 the ~150M-parameter model below spends two thirds of its step waiting for the host to launch
+# kernels (each Triton launch costs more host time than an aten one), so GPUs with the memory for it
+# train a ~0.4B model on 16K tokens a step (Hugging Face's run peaks near 30 GiB there).
 # CPU: a toy that trains 10 steps in about a second.
 SIZES = {
-    "gpu": {"model": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+    "gpu": {"model": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
                           num_key_value_heads=4, vocab_size=32000),
-            "batch": 8, "seq": 1024, "dtype": "bfloat16", "steps": 20},
+            "batch": 8, "seq": 2048, "dtype": "bfloat16", "steps": 20},
+    "gpu-small": {"model": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                                num_key_value_heads=4, vocab_size=32000),
+                  "batch": 8, "seq": 1024, "dtype": "bfloat16", "steps": 20},
     "cpu": {"model": dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, vocab_size=1000),
             "batch": 4, "seq": 128, "dtype": "float32", "steps": 10},
 }
+LARGE_GPU_GIB = 48  # device memory from which the demo trains SIZES["gpu"], below it SIZES["gpu-small"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LR = 1e-3
 # Largest allowed |loss HF - loss patched| per step, relative to the HF loss. The two runs do the same
@@ -75,6 +82,17 @@ def pick_device(arg: str | None) -> torch.device:
         if mod is None or not mod.is_available():
             raise ValueError(f"--device {arg!r}: no {device.type} device on this machine; use --device cpu")
     return device
+
+
+def size_for(device: torch.device) -> str:
+    """The key of ``SIZES`` for ``device``: its kind, and for a GPU its memory."""
+    if device.type == "cpu":
+        return "cpu"
+    try:
+        total = getattr(torch, device.type).get_device_properties(device).total_memory
+    except (AttributeError, RuntimeError):  # a backend without the query: the model that fits anywhere
+        return "gpu-small"
+    return "gpu" if total >= LARGE_GPU_GIB * 2**30 else "gpu-small"
 
 
 def batch(vocab: int, batch_size: int, seq: int, device: torch.device) -> torch.Tensor:
@@ -139,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, PlatformError) as e:
         print(f"liger-portable demo: error: {e}", file=sys.stderr)
         return 2
-    sizes = SIZES["cpu" if device.type == "cpu" else "gpu"]
+    sizes = SIZES[size_for(device)]
     size, seq, batch_size = sizes["model"], sizes["seq"], sizes["batch"]
     dtype = DTYPES[args.dtype or sizes["dtype"]]
     steps = args.steps or sizes["steps"]

@@ -3,7 +3,7 @@
 Peers: eager PyTorch (Hugging Face LlamaRMSNorm written out), torch.compile of it,
 ``torch.nn.functional.rms_norm``, and liger-kernel's LigerRMSNorm (when importable).
 Reports median ms, achieved bandwidth against the copy ceiling measured in the same run, and peak
-extra memory. ``--sweep`` times every point of the table's search space for our kernels alone
+extra memory. ``--sweep`` times the tuner's candidates (the table default and its search space) for our kernels alone
 (forward and backward separately) and prints the best, to set the tables from measurements.
 
     python scripts/bench_rms_norm.py [--sweep] [--hidden 4096 2880 ...] [--rows 16384]
@@ -15,11 +15,14 @@ import argparse
 
 import torch
 
-from benchlib import copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, write_results
+from benchlib import (
+    copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile, write_results,
+)
 
 import liger_portable
 from liger_portable import functional as F
-from liger_portable._configs import Limits, load_table, make_resolved, resolve, search_configs
+from liger_portable._configs import make_resolved, resolve
+from liger_portable._tune import candidates
 from liger_portable.ops import rms_norm as ops
 
 EPS = 1e-6
@@ -88,7 +91,6 @@ def bench_compare(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float
 def sweep(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float, kernels: list[str]) -> dict:
     """Time every legal search-space point for the forward and backward kernels alone."""
     dev = liger_portable.platform().device(0)
-    table = load_table(dev.backend)
     x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
     w = (torch.rand(hidden, device="cuda") + 0.5).to(dtype)
     dy = torch.randn_like(x)
@@ -100,15 +102,19 @@ def sweep(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float, kernel
         default = resolve(kernel, dev, (hidden, rows), dtype)
         base = default.config.to_dict()
         timed = []
-        for point in search_configs(table, dev.arch, kernel, Limits.of(dev)):
-            cfg = {**base, **point}
-            r = make_resolved(kernel, cfg, "sweep")
+
+        def launch(r, kernel=kernel):
             if kernel == "rms_norm_fwd":
-                fn = lambda: ops.rms_norm_fwd(x, w, EPS, 0.0, False, config=r)  # noqa: E731
-            else:
-                fn = lambda: ops.rms_norm_bwd(dy, x, w, rstd, 0.0, False, config=r)  # noqa: E731
+                return lambda: ops.rms_norm_fwd(x, w, EPS, 0.0, False, config=r)
+            return lambda: ops.rms_norm_bwd(dy, x, w, rstd, 0.0, False, config=r)
+
+        # the tuner's candidates: distinct kernels, tiles within MAX_VALUES_PER_THREAD; compiled in parallel
+        cfgs = [base, *candidates(kernel, dev, {"n_cols": hidden, "n_rows": rows})]
+        precompile(kernel, cfgs, launch)
+        for cfg in cfgs:
+            fn = launch(make_resolved(kernel, cfg, "sweep"))
             try:
-                ms = median_ms(fn, warmup_ms=10, rep_ms=60)
+                ms = median_ms(fn, warmup_ms=10, rep_ms=30)
             except Exception as e:  # noqa: BLE001 - out of resources etc.: skip the point
                 print(f"    {kernel} {cfg}: {type(e).__name__}")
                 continue

@@ -38,6 +38,7 @@ import time
 import torch
 
 from benchlib import environment, markdown_table, write_results
+from liger_portable.demo import SIZES as DEMO_SIZES
 
 VARIANTS = ("hf", "liger-kernel", "liger-portable")
 # Per family: config and model classes of transformers, the checkpoint whose dimensions are used,
@@ -62,12 +63,12 @@ FAMILIES = {
         tie_word_embeddings=True, max_position_embeddings=8192, sliding_window=4096,
         final_logit_softcapping=30.0, attn_logit_softcapping=50.0, query_pre_attn_scalar=256,
         hidden_activation="gelu_pytorch_tanh")},
-    # The README demo's model (liger_portable.demo SIZES["gpu"]): small enough that host-side launch
-    # cost shows; the demo itself uses foreach AdamW, this bench fused AdamW.
-    "demo": {"config": "LlamaConfig", "model": "LlamaForCausalLM", "ref": "liger-portable demo", "attn": "sdpa",
-             "batch": 8, "seq": 1024, "dims": dict(
-        hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024)},
+    # The README demo's models (liger_portable.demo SIZES): "demo" on GPUs with 48 GiB or more,
+    # "demo-small" below; the demo itself uses foreach AdamW, this bench fused AdamW.
+    **{name: {"config": "LlamaConfig", "model": "LlamaForCausalLM", "ref": f"liger-portable {name}", "attn": "sdpa",
+              "batch": DEMO_SIZES[key]["batch"], "seq": DEMO_SIZES[key]["seq"],
+              "dims": {**DEMO_SIZES[key]["model"], "max_position_embeddings": DEMO_SIZES[key]["seq"]}}
+       for name, key in (("demo", "gpu"), ("demo-small", "gpu-small"))},
 }
 # --tiny: the same family with toy sizes (the family's other fields, softcaps etc., are kept).
 TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,

@@ -110,3 +110,25 @@ def test_bad_arguments(capsys):
     with pytest.raises(SystemExit) as e:
         demo.main(["--steps", "0"])
     assert e.value.code == 2 and "--steps must be at least 1" in capsys.readouterr().err
+
+
+def test_demo_sizes_the_model_by_device_memory(monkeypatch):
+    """The CPU gets the toy; a GPU with LARGE_GPU_GIB or more the model that keeps it busy, a smaller
+    one (or a backend that cannot report its memory) the small model."""
+    import types
+
+    from liger_portable import demo
+
+    assert demo.size_for(torch.device("cpu")) == "cpu"
+    for gib, want in ((demo.LARGE_GPU_GIB, "gpu"), (141, "gpu"), (demo.LARGE_GPU_GIB - 1, "gpu-small"), (24, "gpu-small")):
+        props = types.SimpleNamespace(total_memory=gib * 2**30)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, p=props: p)
+        assert demo.size_for(torch.device("cuda", 0)) == want, gib
+
+    def no_query(device):
+        raise RuntimeError("not supported")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_query)
+    assert demo.size_for(torch.device("cuda", 0)) == "gpu-small"
+    for key in ("gpu", "gpu-small"):
+        assert demo.SIZES[key]["model"]["hidden_size"] % demo.SIZES[key]["model"]["num_attention_heads"] == 0
