@@ -10,7 +10,12 @@ element size), at least 1, a multiple of 8 where possible). For each chunk, in t
    losses and, over the logits in place, ``d(loss)/d(logits)`` (already divided by the count of
    non-ignored tokens for ``mean``, read from a device tensor: no host sync);
 3. ``grad_hidden[chunk] = dlogits @ weight``, ``grad_weight += dlogits.T @ hidden_chunk``
-   (``addmm`` into one preallocated tensor), ``grad_bias += dlogits.sum(0)``.
+   (``addmm`` into one preallocated tensor), ``grad_bias += dlogits.sum(0)`` (in fp32).
+
+fp16 differs in one point: divided by the token count, most of a row's logit gradients (p ~ 1/V)
+fall below fp16's subnormals and flush to zero. There the kernel writes ``_HALF_GRAD_SCALE`` times
+the gradient of the sum, the matmuls scale their fp32 products back (``alpha``), and the mean's
+``rows / count`` is applied at the end (a device tensor; skipped in the kernel where it is 1).
 
 grad_weight accumulates in the weight's dtype (bf16 for a bf16 model): an fp32 accumulator for
 V=128256, H=4096 is 2 GiB, which would break the 1.2 GiB memory goal; each chunk's product is
@@ -65,19 +70,37 @@ def _logits(buf, hc, weight, bias):
     return out
 
 
-def _accumulate(g, hc, weight, gh, gw, gb, s, e, first):
+def _accumulate(g, hc, weight, gh, gw, gb32, s, e, first, alpha=1.0):
+    """Chunk ``s:e``'s share of the gradients from its logit gradient ``g``: ``grad_hidden[s:e] =
+    alpha * g @ weight``, ``grad_weight (+)= alpha * g.T @ hidden[s:e]`` (``alpha`` applied in fp32
+    inside the matmul, before the one rounding), and the fp32 bias sum ``gb32 += g.sum(0)``
+    (unscaled: the caller applies ``alpha`` once at the end)."""
     if gh is not None:
-        torch.mm(g, weight, out=gh[s:e])
+        if alpha == 1.0:
+            torch.mm(g, weight, out=gh[s:e])
+        else:
+            gh[s:e].addmm_(g, weight, beta=0, alpha=alpha)  # beta=0: the old contents are not read
     if gw is not None:
         if first:
-            torch.mm(g.t(), hc, out=gw)
+            if alpha == 1.0:
+                torch.mm(g.t(), hc, out=gw)
+            else:
+                gw.addmm_(g.t(), hc, beta=0, alpha=alpha)
         else:
-            gw.addmm_(g.t(), hc)
-    if gb is not None:
+            gw.addmm_(g.t(), hc, alpha=alpha)
+    if gb32 is not None:
         if first:
-            torch.sum(g, 0, out=gb)
+            torch.sum(g, 0, dtype=torch.float32, out=gb32)
         else:
-            gb += g.sum(0)
+            gb32 += g.sum(0, dtype=torch.float32)
+
+
+# fp16 logit gradients are written multiplied by this power of two and the matmuls scale their
+# fp32 products back (alpha). Unscaled, a probability of 1e-7 (common at V = 128K) is below fp16's
+# smallest subnormal once divided by the token count for the mean, and flushing every such term
+# to zero made grad_hidden 1.4% wrong at 1024 tokens x V 128256 on an H200. 4096 keeps |p - y| <= 1
+# (and a z-loss or soft-capped gradient of a few units) far from fp16's maximum of 65504.
+_HALF_GRAD_SCALE = 4096.0
 
 
 def flce_fwd(
@@ -102,10 +125,20 @@ def flce_fwd(
     gh = _empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if grads and want_h else None
     gw = _empty(weight.shape, dtype=weight.dtype, device=weight.device) if grads and want_w else None
     gb = _empty(bias.shape, dtype=bias.dtype, device=bias.device) if grads and want_b else None
+    gb32 = _empty(bias.shape, dtype=torch.float32, device=bias.device) if gb is not None else None
     loss_rows = _empty((n_rows,), dtype=torch.float32, device=hidden.device)
     z_rows = _empty((n_rows,), dtype=torch.float32, device=hidden.device) if lse_square_scale != 0.0 else None
     if n_rows == 0:
         return loss_rows, z_rows, gh, gw, gb
+    # bf16 / fp32: the kernel writes the finished gradient (1/count for the mean included).
+    # fp16: it writes _HALF_GRAD_SCALE x the gradient of the sum, the matmuls multiply by
+    # alpha = 1 / (_HALF_GRAD_SCALE x rows), and for the mean n_rows / count (>= 1, a device
+    # tensor: no host sync) is applied at the end.
+    half = hidden.dtype == torch.float16 and grads
+    grad_scale, kernel_scale, alpha = 1.0, scale, 1.0
+    if half:
+        grad_scale, kernel_scale = _HALF_GRAD_SCALE, None
+        alpha = 1.0 / (_HALF_GRAD_SCALE * (n_rows if reduction == "mean" else 1))
     step, chunks = _chunks(hidden, weight, cfg)
     buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
     for i, (s, e) in enumerate(chunks):
@@ -113,13 +146,21 @@ def flce_fwd(
         logits = _logits(buf, hc, weight, bias)
         lr, zr = ce_rows(
             logits, target[s:e], ignore_index=ignore_index, label_smoothing=label_smoothing,
-            lse_square_scale=lse_square_scale, softcap=softcap, scale=scale, return_grad=grads, config=cfg,
+            lse_square_scale=lse_square_scale, softcap=softcap, grad_scale=grad_scale, scale=kernel_scale,
+            return_grad=grads, config=cfg,
         )
         loss_rows[s:e] = lr
         if z_rows is not None:
             z_rows[s:e] = zr
         if grads:
-            _accumulate(logits, hc, weight, gh, gw, gb, s, e, i == 0)
+            _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0, alpha)
+    if gb is not None:
+        gb.copy_(gb32.mul_(alpha) if alpha != 1.0 else gb32)
+    if half and scale is not None:  # the mean's n_rows / count; rows whose factor is exactly 1 are skipped
+        rest = scale * n_rows
+        for g in (gh, gw, gb):
+            if g is not None:
+                scale_rows_(g.view(-1, g.shape[-1]), rest)
     return loss_rows, z_rows, gh, gw, gb
 
 
@@ -140,6 +181,7 @@ def flce_bwd_recompute(
     if hidden.shape[0] == 0:
         return gh, None if gw is None else gw.zero_(), None if gb is None else gb.zero_()
     dloss_rows = dloss_rows.reshape(-1).to(torch.float32).contiguous()
+    gb32 = _empty(bias.shape, dtype=torch.float32, device=bias.device) if gb is not None else None
     step, chunks = _chunks(hidden, weight, cfg)
     buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
     for i, (s, e) in enumerate(chunks):
@@ -150,7 +192,9 @@ def flce_bwd_recompute(
             lse_square_scale=lse_square_scale, softcap=softcap, scale=dloss_rows[s:e], return_grad=True,
             config=cfg,
         )
-        _accumulate(logits, hc, weight, gh, gw, gb, s, e, i == 0)
+        _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0)
+    if gb is not None:
+        gb.copy_(gb32)
     return gh, gw, gb
 
 
