@@ -43,10 +43,10 @@ def _inputs(n_rows, V, dtype, device="cpu", seed=0, scale=3.0, ignore_frac=0.25)
 
 
 def reference(x, t, *, ignore_index=-100, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0,
-              softcap=None, grad_out=None):
-    """(loss, z_loss, dlogits) in float64; ``grad_out`` defaults to 1 (or ones for ``none``)."""
-    xd = x.detach().double().cpu().requires_grad_()
-    td = t.cpu().long()
+              softcap=None, grad_out=None, device="cpu"):
+    """(loss, z_loss, dlogits) in float64 on ``device``; ``grad_out`` defaults to 1 (or ones for ``none``)."""
+    xd = x.detach().double().to(device).requires_grad_()
+    td = t.to(device).long()
     z = softcap * torch.tanh(xd / softcap) if softcap else xd
     keep = td != ignore_index
     rows = torch.nn.functional.cross_entropy(
@@ -64,7 +64,7 @@ def reference(x, t, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
         loss, zl = rows.sum(), zrows.sum()
     else:
         loss, zl = rows, zrows
-    go = torch.ones_like(loss) if grad_out is None else grad_out.double().cpu()
+    go = torch.ones_like(loss) if grad_out is None else grad_out.double().to(device)
     (loss * go).sum().backward()
     return loss.detach(), zl.detach(), xd.grad
 

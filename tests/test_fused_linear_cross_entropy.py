@@ -38,14 +38,17 @@ def _inputs(BT, H, V, dtype, bias=True, device="cpu", seed=0, ignore_frac=0.25):
 
 
 def flce_reference(h, w, b, t, *, reduction="mean", opts=OPTIONS["plain"], grad_out=None):
-    hd = h.detach().double().cpu().requires_grad_()
-    wd = w.detach().double().cpu().requires_grad_()
-    bd = None if b is None else b.detach().double().cpu().requires_grad_()
+    """float64 loss, z-loss and gradients, on the inputs' device (a GPU's float64 is fast; the
+    largest GPU shapes took over a minute each on the host)."""
+    dev = h.device
+    hd = h.detach().double().requires_grad_()
+    wd = w.detach().double().to(dev).requires_grad_()
+    bd = None if b is None else b.detach().double().to(dev).requires_grad_()
     logits = hd @ wd.T + (bd if bd is not None else 0)
     ls, zs, sc = opts
     # reference() differentiates a leaf copy of the logits: chain to hidden / weight / bias here.
     loss, zl, dlogits = reference(logits, t, reduction=reduction, label_smoothing=ls, lse_square_scale=zs,
-                                  softcap=sc, grad_out=grad_out)
+                                  softcap=sc, grad_out=grad_out, device=dev)
     logits.backward(dlogits)
     return loss, zl, hd.grad, wd.grad, None if bd is None else bd.grad
 
