@@ -16,6 +16,8 @@ fp16 differs in one point: divided by the token count, most of a row's logit gra
 fall below fp16's subnormals and flush to zero. There the kernel writes ``_HALF_GRAD_SCALE`` times
 the gradient of the sum, the matmuls scale their fp32 products back (``alpha``), and the mean's
 ``rows / count`` is applied at the end (a device tensor; skipped in the kernel where it is 1).
+For ``reduction="none"`` the per-token factors are divided by their largest magnitude first, which
+is multiplied back at the end.
 
 grad_weight accumulates in the weight's dtype (bf16 for a bf16 model): an fp32 accumulator for
 V=128256, H=4096 is 2 GiB, which would break the 1.2 GiB memory goal; each chunk's product is
@@ -182,6 +184,15 @@ def flce_bwd_recompute(
         return gh, None if gw is None else gw.zero_(), None if gb is None else gb.zero_()
     dloss_rows = dloss_rows.reshape(-1).to(torch.float32).contiguous()
     gb32 = _empty(bias.shape, dtype=torch.float32, device=bias.device) if gb is not None else None
+    # fp16: the per-token factors (e.g. 1/count from a hand-written mean) are divided by their
+    # largest magnitude m and the kernel writes _HALF_GRAD_SCALE x the gradient with those; the
+    # matmuls scale back by alpha, and m (a device tensor: no host sync) is applied at the end.
+    alpha, peak = 1.0, None
+    if hidden.dtype == torch.float16:
+        peak = dloss_rows.abs().amax().reshape(1)
+        peak = torch.where(peak > 0, peak, torch.ones_like(peak))  # all zero: nothing to rescale
+        dloss_rows = dloss_rows * (_HALF_GRAD_SCALE / peak)
+        alpha = 1.0 / _HALF_GRAD_SCALE
     step, chunks = _chunks(hidden, weight, cfg)
     buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
     for i, (s, e) in enumerate(chunks):
@@ -192,9 +203,13 @@ def flce_bwd_recompute(
             lse_square_scale=lse_square_scale, softcap=softcap, scale=dloss_rows[s:e], return_grad=True,
             config=cfg,
         )
-        _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0)
+        _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0, alpha)
     if gb is not None:
-        gb.copy_(gb32)
+        gb.copy_(gb32.mul_(alpha) if alpha != 1.0 else gb32)
+    if peak is not None:
+        for g in (gh, gw, gb):
+            if g is not None:
+                scale_rows_(g.view(-1, g.shape[-1]), peak)
     return gh, gw, gb
 
 
