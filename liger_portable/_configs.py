@@ -443,6 +443,11 @@ def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtyp
 
 def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> Resolved:
     spec = SPECS[kernel]
+    if len(problem) != len(spec.key):
+        raise ValueError(
+            f"resolve({kernel!r}): the problem must give {len(spec.key)} values, {', '.join(spec.key)}; "
+            f"got {tuple(problem)!r}"
+        )
     named = dict(zip(spec.key, problem))
     limits = Limits.of(device)
     hit = _cached(spec, device, named, dtype, limits)
@@ -476,6 +481,7 @@ def resolve(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype)
 
     Raises:
         ConfigError: the table is malformed or missing (names file, kernel and field).
+        ValueError: ``problem`` does not have one value per field of the spec's key.
     """
     memo_key = (kernel, device, problem, dtype)
     hit = _memo.get(memo_key)

@@ -122,4 +122,15 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
+def problem_for(kernel: str, n_cols: int, n_rows: int) -> tuple:
+    """A resolvable problem for any kernel: its key's first two fields take ``n_cols`` and
+    ``n_rows`` (row length and row count; RoPE: head_dim and heads), later fields a typical value
+    (hidden 4096, seq_len 4096)."""
+    from liger_portable._specs import SPECS
+
+    extra = {"hidden": 4096, "seq_len": 4096}
+    key = SPECS[kernel].key
+    return (n_cols, n_rows, *(extra[f] for f in key[2:]))
+
+
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}

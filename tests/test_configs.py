@@ -34,6 +34,8 @@ from liger_portable._configs import (
 from liger_portable._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, ENV_BACKEND, DeviceInfo
 from liger_portable._specs import SPECS
 
+from conftest import problem_for
+
 GPU_BACKENDS = ("cuda", "rocm", "xpu")
 
 
@@ -465,7 +467,7 @@ def test_unknown_arch_falls_back_to_default(backend, arch, warp):
     assert t.section_for(arch).name == "default"
     dev = DeviceInfo(backend, 0, "Future GPU", arch, warp, 64, 1024, 65536)
     for kernel in SPECS:
-        r = resolve(kernel, dev, (4096, 1000), torch.float16)
+        r = resolve(kernel, dev, problem_for(kernel, 4096, 1000), torch.float16)
         assert r.source.startswith(f"table {backend}.json [default] rule ")
 
 
@@ -526,7 +528,7 @@ def test_matching_device_resolves_without_warning():
         warnings.simplefilter("error")
         for key in DEVICES:
             for kernel in SPECS:
-                resolve(kernel, device(key), (4096, 1000), torch.bfloat16)
+                resolve(kernel, device(key), problem_for(kernel, 4096, 1000), torch.bfloat16)
 
 
 # --------------------------------------------------------------------------- autotune cache lookup order
@@ -743,3 +745,13 @@ def test_cache_read_is_memoized_until_reset(user_dir):
     assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("user cache")
     _platform.reset()
     assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("table")
+
+
+def test_problem_of_the_wrong_length_is_a_clear_error():
+    """A problem must give every field of the kernel's key (the FLCE's rules bound hidden too)."""
+    dev = device("cuda-sm90")
+    with pytest.raises(ValueError, match=r"3 values, n_cols, n_rows, hidden; got \(4096, 1000\)"):
+        resolve("fused_linear_cross_entropy", dev, (4096, 1000), torch.bfloat16)
+    r = resolve("fused_linear_cross_entropy", dev, (128256, 16384, 2048), torch.bfloat16)
+    assert r.meta["CHUNK_MIB"] == 512  # the hidden <= 2048 rule
+    assert resolve("fused_linear_cross_entropy", dev, (128256, 8192, 4096), torch.bfloat16).meta["CHUNK_MIB"] == 128

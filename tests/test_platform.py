@@ -27,6 +27,8 @@ from liger_portable._platform import (
 )
 from liger_portable._specs import SPECS
 
+from conftest import problem_for
+
 # --------------------------------------------------------------------------- fake devices
 
 
@@ -359,7 +361,7 @@ def test_resolved_launch_has_only_own_backend_options(vendor):
             for n_cols in N_COLS:
                 for n_rows in N_ROWS:
                     for dtype in (torch.float32, torch.bfloat16):
-                        r = resolve(kernel, dev, (n_cols, n_rows), dtype)
+                        r = resolve(kernel, dev, problem_for(kernel, n_cols, n_rows), dtype)
                         what = f"{kernel} on {dev.name} n_cols={n_cols} n_rows={n_rows}: {r.launch}"
                         assert not foreign & set(r.launch), what
                         assert not foreign & set(r.config.to_dict()), what
