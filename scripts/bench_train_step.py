@@ -224,6 +224,7 @@ def worker(args: argparse.Namespace) -> dict:
 def profile_steps(model, opt, ids: torch.Tensor, variant: str, steps: int) -> dict:
     """``steps`` more training steps under torch.profiler: wall time, device-busy time and the kernels
     with the most device time per step (printed, and returned for the JSON)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -235,8 +236,6 @@ def profile_steps(model, opt, ids: torch.Tensor, variant: str, steps: int) -> di
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         wall_ms = 1e3 * (time.perf_counter() - t0) / steps
-    from torch.autograd import DeviceType
-
     # Device-side events only (kernels, memcpy): an aten op also reports its kernels' time as its own.
     kernels = [e for e in prof.key_averages()
                if e.self_device_time_total > 0 and getattr(e, "device_type", None) == DeviceType.CUDA]

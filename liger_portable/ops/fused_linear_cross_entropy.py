@@ -76,25 +76,33 @@ def _accumulate(g, hc, weight, gh, gw, gb32, s, e, first, alpha=1.0):
     """Chunk ``s:e``'s share of the gradients from its logit gradient ``g``: ``grad_hidden[s:e] =
     alpha * g @ weight``, ``grad_weight (+)= alpha * g.T @ hidden[s:e]`` (``alpha`` applied in fp32
     inside the matmul, before the one rounding), and the fp32 bias sum ``gb32 += g.sum(0)``
-    (unscaled: the caller applies ``alpha`` once at the end)."""
+    (unscaled: the caller applies ``alpha`` once at the end). beta=0 (what ``torch.mm`` does): the
+    old contents are not read."""
     if gh is not None:
-        if alpha == 1.0:
-            torch.mm(g, weight, out=gh[s:e])
-        else:
-            gh[s:e].addmm_(g, weight, beta=0, alpha=alpha)  # beta=0: the old contents are not read
+        gh[s:e].addmm_(g, weight, beta=0, alpha=alpha)
     if gw is not None:
-        if first:
-            if alpha == 1.0:
-                torch.mm(g.t(), hc, out=gw)
-            else:
-                gw.addmm_(g.t(), hc, beta=0, alpha=alpha)
-        else:
-            gw.addmm_(g.t(), hc, alpha=alpha)
+        gw.addmm_(g.t(), hc, beta=0 if first else 1, alpha=alpha)
     if gb32 is not None:
         if first:
             torch.sum(g, 0, dtype=torch.float32, out=gb32)
         else:
             gb32 += g.sum(0, dtype=torch.float32)
+
+
+def _finish_(gh, gw, gb, gb32, alpha: float, factor: torch.Tensor | None) -> None:
+    """After the last chunk: the bias gradient from its fp32 sum (times ``alpha``), then every
+    gradient times the device tensor ``factor`` (None: none; rows where it is exactly 1 are skipped)."""
+    if gb is not None:
+        gb.copy_(gb32.mul_(alpha) if alpha != 1.0 else gb32)
+    if factor is not None:
+        _scale_grads_((gh, gw, gb), factor)
+
+
+def _scale_grads_(grads, factor: torch.Tensor) -> None:
+    """In place ``g *= factor`` (a 1-element device tensor: no host sync) for each gradient not None."""
+    for g in grads:
+        if g is not None:
+            scale_rows_(g.view(-1, g.shape[-1]), factor)
 
 
 # fp16 logit gradients are written multiplied by this power of two and the matmuls scale their
@@ -156,13 +164,8 @@ def flce_fwd(
             z_rows[s:e] = zr
         if grads:
             _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0, alpha)
-    if gb is not None:
-        gb.copy_(gb32.mul_(alpha) if alpha != 1.0 else gb32)
-    if half and scale is not None:  # the mean's n_rows / count; rows whose factor is exactly 1 are skipped
-        rest = scale * n_rows
-        for g in (gh, gw, gb):
-            if g is not None:
-                scale_rows_(g.view(-1, g.shape[-1]), rest)
+    # fp16 mean: the n_rows / count that alpha left out
+    _finish_(gh, gw, gb, gb32, alpha, scale * n_rows if half and scale is not None else None)
     return loss_rows, z_rows, gh, gw, gb
 
 
@@ -204,12 +207,7 @@ def flce_bwd_recompute(
             config=cfg,
         )
         _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0, alpha)
-    if gb is not None:
-        gb.copy_(gb32.mul_(alpha) if alpha != 1.0 else gb32)
-    if peak is not None:
-        for g in (gh, gw, gb):
-            if g is not None:
-                scale_rows_(g.view(-1, g.shape[-1]), peak)
+    _finish_(gh, gw, gb, gb32, alpha, peak)
     return gh, gw, gb
 
 
@@ -266,9 +264,7 @@ class _FLCEFunction(torch.autograd.Function):
         gh, gw, gb = ctx.grads
         ctx.grads = None
         f = dloss.reshape(1).to(torch.float32)
-        for g in (gh, gw, gb):
-            if g is not None:
-                scale_rows_(g.view(-1, g.shape[-1]), f)
+        _scale_grads_((gh, gw, gb), f)
         return gh, gw, None, gb, None, None, None, None, None
 
 
