@@ -62,11 +62,13 @@ def _seed_per_test(request):
 
 @pytest.fixture(autouse=True)
 def _one_big_memory_test_at_a_time(request):
-    """Tests marked ``big_memory`` (tens of GiB of device memory: more than 2**31 elements) run one
-    at a time across xdist workers, under an exclusive lock file, and hand their memory back to the
-    device afterwards (each worker's caching allocator would keep it): with ``pytest -n auto`` on
-    one GPU, several at once ran the GPU out of memory."""
-    if request.node.get_closest_marker("big_memory") is None:
+    """Tests marked ``big_memory`` (tens of GiB of device memory: more than 2**31 elements) run alone
+    on the device: they take an exclusive lock on a lock file, every other ``gpu`` test a shared
+    one. Each GPU test hands the memory its worker's caching allocator keeps back to the device when
+    it ends, so a big test that gets the lock finds the device free. With ``pytest -n 8`` on one
+    H200, the 2**31-element tests ran out of memory while six float64 FLCE references were cached."""
+    big = request.node.get_closest_marker("big_memory") is not None
+    if not big and request.node.get_closest_marker("gpu") is None:
         yield
         return
     import fcntl
@@ -74,7 +76,7 @@ def _one_big_memory_test_at_a_time(request):
     import tempfile
 
     with open(os.path.join(tempfile.gettempdir(), "liger_portable_big_memory_test.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if big else fcntl.LOCK_SH)
         try:
             yield
         finally:

@@ -179,3 +179,18 @@ def test_big_memory_tests_hold_the_exclusive_lock():
     with open(os.path.join(tempfile.gettempdir(), "liger_portable_big_memory_test.lock"), "w") as other:
         with pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@pytest.mark.gpu
+def test_gpu_tests_hold_a_shared_lock():
+    """Every other GPU test holds the same lock shared: other GPU tests run beside it, a big_memory
+    test waits until none runs."""
+    import fcntl
+    import os
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "liger_portable_big_memory_test.lock"), "w") as other:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(other, fcntl.LOCK_UN)
