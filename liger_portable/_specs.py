@@ -8,6 +8,7 @@ search spaces. Nothing here imports Triton.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -86,11 +87,27 @@ _HERE = Path(__file__).resolve().parent
 
 
 def _source_hash(rel: str) -> str:
+    """Hash of the file and of the sibling modules it imports (``from .cross_entropy import ...``),
+    recursively: the fused linear cross-entropy launches cross_entropy.py's kernel, LayerNorm uses
+    _tiles.py's loads, and a change there must invalidate their tuned entries too."""
     cached = _HASHES.get(rel)
     if cached is None:
-        cached = hashlib.sha256((_HERE / rel).read_bytes()).hexdigest()[:12]
+        digest = hashlib.sha256()
+        for path in _source_files(_HERE / rel, set()):
+            digest.update(path.read_bytes())
+        cached = digest.hexdigest()[:12]
         _HASHES[rel] = cached
     return cached
+
+
+def _source_files(path: Path, seen: set) -> list[Path]:
+    if path in seen:
+        return []
+    seen.add(path)
+    files = [path]
+    for name in re.findall(r"^from \.(\w+) import", path.read_text(), flags=re.MULTILINE):
+        files += _source_files(path.parent / f"{name}.py", seen)
+    return files
 
 
 _HASHES: dict[str, str] = {}

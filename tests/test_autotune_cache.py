@@ -251,6 +251,24 @@ def test_kernel_version_change_invalidates_only_that_kernel(monkeypatch):
     assert [c for c, _ in _cache.lookup(other, H200, NAMED, torch.bfloat16)] == [CFG]
 
 
+def test_kernel_version_covers_the_sibling_modules_it_imports(tmp_path, monkeypatch):
+    """A kernel's version hashes its file and the ``from .x import`` siblings it uses, recursively
+    (FLCE launches cross_entropy.py's kernel; the norms load through _tiles.py): a change to a
+    helper module invalidates the entries of every kernel built on it."""
+    files = [p.name for p in _specs._source_files(_specs._HERE / "ops/fused_linear_cross_entropy.py", set())]
+    assert files == ["fused_linear_cross_entropy.py", "cross_entropy.py"]
+    assert "_tiles.py" in [p.name for p in _specs._source_files(_specs._HERE / "ops/layer_norm.py", set())]
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops/a.py").write_text("from .b import f\n")
+    (tmp_path / "ops/b.py").write_text("from .a import g\nx = 1\n")  # a cycle ends
+    monkeypatch.setattr(_specs, "_HERE", tmp_path)
+    monkeypatch.setattr(_specs, "_HASHES", {})
+    before = _specs._source_hash("ops/a.py")
+    (tmp_path / "ops/b.py").write_text("from .a import g\nx = 2\n")
+    _specs._HASHES.clear()
+    assert _specs._source_hash("ops/a.py") != before
+
+
 def test_triton_version_is_part_of_the_key(monkeypatch):
     _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
     monkeypatch.setattr(_cache, "triton_major_minor", lambda: "99.1")

@@ -285,6 +285,33 @@ def test_kernel_interpreter_looped_multirow_config(poison, bias):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("n_cols,split", [(1100, (1024, 128)), (2880, (2048, 1024)), (600, (512, 128)), (4096, (4096, 0))])
+@pytest.mark.parametrize("block_m", [1, 2])
+def test_kernel_interpreter_tail_tile_and_persistent_loop(poison, n_cols, split, block_m):
+    """Rows held as a power-of-two tile plus a tail tile (the split is checked), on a device of 3
+    compute units: each backward program walks several row blocks (the next block's loads are issued
+    before the current one is reduced), the last program fewer than the others."""
+    import dataclasses
+
+    from liger_portable._configs import make_resolved
+    from liger_portable._dispatch import simulate
+    from liger_portable.ops import layer_norm as ops
+
+    from conftest import SIMULATED_DEVICES
+
+    assert ops._split_row(n_cols, 16384) == (*split, True)
+    x, w, b, dy = _inputs((23, n_cols), torch.float32, seed=n_cols)
+    fwd = make_resolved("layer_norm_fwd", {"num_warps": 4, "BLOCK_M": block_m, "BLOCK_N_MAX": 16384})
+    bwd = make_resolved("layer_norm_bwd", {"num_warps": 4, "BLOCK_M": block_m, "BLOCK_N_MAX": 16384, "PROGRAMS_PER_CU": 1})
+    with simulate(dataclasses.replace(SIMULATED_DEVICES["cuda-sm90"], compute_units=3)):
+        y, mean, rstd = ops.layer_norm_fwd(x, w, b, EPS, config=fwd)
+        dx, dw, db = ops.layer_norm_bwd(dy, x, w, b, mean, rstd, config=bwd)
+    ry, rdx, rdw, rdb = _reference(x, w, b, dy, EPS)
+    for out, ref in ((y, ry), (dx, rdx), (dw, rdw), (db, rdb)):
+        assert rel_err(out, ref) <= 1e-5
+
+
+@pytest.mark.interpreter
 def test_kernel_interpreter_expanded_grad(simulated_device, poison):
     """``y.sum().backward()`` hands the backward a stride-0 gradient."""
     x, w, b, _ = _inputs((5, 70), torch.float32)
@@ -351,7 +378,7 @@ def _gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(1, 37), (333, 1000), (2048, 4096), (257, 5120), (64, 8192), (7, 20000), (3, 70001), (4, 131072)])
+@pytest.mark.parametrize("shape", [(1, 37), (333, 1000), (1000, 2880), (2048, 4096), (257, 5120), (64, 8192), (7, 20000), (3, 70001), (4, 131072)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_kernel_gpu(poison, shape, dtype, bias):

@@ -30,6 +30,7 @@ import triton.language as tl
 from .._configs import Resolved, resolve
 from .._dispatch import device_info
 from .._specs import next_pow2
+from ._tiles import _load_tile, _store_tile
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 _empty = torch.empty
@@ -116,28 +117,40 @@ def _rms_norm_bwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     dw_row = DW_PARTIAL + pid.to(tl.int64) * n_cols
     if SINGLE_PASS:
+        # The next row block's loads are issued before the current block is reduced (a register
+        # double buffer), so a program always has loads in flight.
         col_mask = cols < n_cols
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
         dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        x = _load_tile(X, stride_x, rows, cols, n_rows, n_cols)
+        dy = _load_tile(DY, stride_dy, rows, cols, n_rows, n_cols)
+        if HAS_DSUM:
+            ds = _load_tile(DS, stride_ds, rows, cols, n_rows, n_cols)
+        rstd = tl.load(RSTD + rows, mask=rows < n_rows, other=0.0)
         for block in range(pid, n_blocks, n_programs):
-            rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_mask = rows < n_rows
-            rows64 = rows.to(tl.int64)
-            mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-            xhat = x * rstd[:, None]
-            g = dy * w[None, :]
+            nxt = rows + n_programs * BLOCK_M  # beyond n_rows after the last block: loads nothing
+            x_n = _load_tile(X, stride_x, nxt, cols, n_rows, n_cols)
+            dy_n = _load_tile(DY, stride_dy, nxt, cols, n_rows, n_cols)
+            if HAS_DSUM:
+                ds_n = _load_tile(DS, stride_ds, nxt, cols, n_rows, n_cols)
+            rstd_n = tl.load(RSTD + nxt, mask=nxt < n_rows, other=0.0)
+            dyf = dy.to(tl.float32)
+            xhat = x.to(tl.float32) * rstd[:, None]
+            g = dyf * w[None, :]
             c = tl.sum(g * xhat, axis=1) / n_cols
             dx = (g - xhat * c[:, None]) * rstd[:, None]
             if HAS_DSUM:
-                ds = tl.load(DS + rows64[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0)
                 dx += ds.to(tl.float32)
-            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+                ds = ds_n
+            _store_tile(DX, stride_dx, rows, cols, n_rows, n_cols, dx)
             if not GEMMA:
                 xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
-            dw += dy * xhat
+            dw += dyf * xhat
+            rows = nxt
+            x = x_n
+            dy = dy_n
+            rstd = rstd_n
         tl.store(dw_row + cols, tl.sum(dw, axis=0), mask=col_mask)
     else:
         # DW_PARTIAL arrives zeroed; each program owns its row of it.
