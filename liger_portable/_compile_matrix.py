@@ -155,10 +155,10 @@ def _layer_norm_fwd(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
 
 
 def _layer_norm_bwd(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
-    from .ops.layer_norm import _layer_norm_bwd_kernel
+    from .ops.layer_norm import _layer_norm_bwd_kernel, _split_row
 
     n_cols = problem["n_cols"]
-    block_n, single = _block_n(n_cols, cfg["BLOCK_N_MAX"])
+    block_n, tail_n, single = _split_row(n_cols, cfg["BLOCK_N_MAX"])
     t = PTR[dtype]
     args = [("DY", t), ("X", t), ("W", t), ("MEAN", "*fp32"), ("RSTD", "*fp32"), ("DX", t),
             ("PARTIAL", "*fp32"), ("stride_dy", "i32"), ("stride_x", "i32"), ("stride_dx", "i32"),
@@ -166,7 +166,7 @@ def _layer_norm_bwd(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
     ptrs = ["DY", "X", "W", "MEAN", "RSTD", "DX", "PARTIAL"]
     out = []
     for bias in (True, False):
-        c = {"HAS_BIAS": bias, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": block_n, "SINGLE_PASS": single}
+        c = {"HAS_BIAS": bias, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": block_n, "TAIL_N": tail_n, "SINGLE_PASS": single}
         # The partial buffer's row stride is 2 n_cols with a bias, n_cols without.
         aligned = _aligned(ptrs, ["stride_dy", "stride_x", "stride_dx", "n_cols"], n_cols)
         if (2 * n_cols if bias else n_cols) % 16 == 0:
@@ -265,7 +265,7 @@ DESCRIPTIONS: dict[str, Describe] = {
 
 # Representative problems per key, for the default configs: row lengths that straddle every rule
 # bound of the tables, Llama-like hidden and MLP sizes, and odd ones.
-ROW_LENGTHS = (128, 1000, 4096, 8192, 20000, 70001)
+ROW_LENGTHS = (128, 1000, 2880, 4096, 5120, 8192, 20000, 70001)
 REPRESENTATIVE: dict[tuple[str, ...], list[dict]] = {
     ("n_cols", "n_rows"): [{"n_cols": n, "n_rows": 16384} for n in ROW_LENGTHS],
     # head_dim (64: Llama-2-7B-like small heads; 128: Llama-3; 80: odd, not a power of two; 256:
@@ -279,7 +279,7 @@ REPRESENTATIVE: dict[tuple[str, ...], list[dict]] = {
     ],
 }
 # The smaller set CI compiles (every rule of every table still hit at least once).
-CI_ROW_LENGTHS = (128, 1000, 4096, 20000)
+CI_ROW_LENGTHS = (128, 1000, 2880, 4096, 20000)  # 2880: two-tile rows (LayerNorm backward)
 
 
 def problems(spec_name: str, ci: bool = False) -> list[dict]:

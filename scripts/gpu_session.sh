@@ -4,7 +4,8 @@
 #        train_step: scripts/bench_train_step.py, give it BENCH_TIMEOUT=480; none: no benches)
 # Environment: CHECK=0 skips `liger-portable check`; DEMO=1 runs `liger-portable demo`;
 #        WARMUP_ARGS, WARMUP_TIMEOUT (default 600 s);
-#        TESTS=0 skips the GPU tests (TESTS='tests/test_rope.py' runs only those), TEST_TIMEOUT,
+#        TESTS=0 skips the GPU tests (TESTS='tests/test_rope.py' runs only those), TEST_TIMEOUT (default
+#        330 s: the 2**31-element tests run last, one at a time, after every other GPU test),
 #        TEST_WORKERS (default 8); BENCH_ARGS for every bench, BENCH_ARGS_<name> for one
 #        (e.g. BENCH_ARGS_rope='--shapes hd64'), BENCH_TIMEOUT (default 120 s a bench). A name given as
 #        cross_entropy:--sweep,--shapes,8192x128256 runs that bench with those arguments.
@@ -17,7 +18,7 @@ python3 -m liger_portable info 2>&1 | tee "$OUT/info.txt"
 [ "${CHECK:-1}" != 0 ] && python3 -m liger_portable check 2>&1 | tee "$OUT/check.txt"
 if [ "${TESTS:-tests/}" != 0 ]; then
   # -v: a line per test in pytest_gpu_full.txt, so a run cut by the timeout still names its failures
-  timeout -s INT -k 20 "${TEST_TIMEOUT:-240}" python3 -m pytest -v -rfE -n "${TEST_WORKERS:-8}" -m gpu -p no:cacheprovider \
+  timeout -s INT -k 20 "${TEST_TIMEOUT:-330}" python3 -m pytest -v -rfE -n "${TEST_WORKERS:-8}" -m gpu -p no:cacheprovider \
     --durations=25 ${TESTS:-tests/} 2>&1 | tee "$OUT/pytest_gpu_full.txt" | grep -v "PASSED\|SKIPPED" | tail -80 | tee "$OUT/pytest_gpu.txt"
 fi
 if [ "${DEMO:-0}" != 0 ]; then   # the README's main job on this GPU
