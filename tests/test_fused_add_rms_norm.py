@@ -424,3 +424,19 @@ def test_compile_fullgraph_gpu():
         {"y": ry, "s": rs, "dx": rdx, "dr": rdr, "dw": rdw},
         1e-2,
     )
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("n_cols", [300, 4096])
+@pytest.mark.parametrize("mode,offset", MODES)
+def test_kernel_interpreter_persistent_loop(poison, n_cols, mode, offset):
+    """150 rows on a 3-compute-unit device: each backward program walks several row blocks with the
+    next block's s, dy and ds loads in flight while it reduces the current one."""
+    import dataclasses
+
+    from liger_portable._dispatch import simulate
+
+    from conftest import SIMULATED_DEVICES
+
+    with simulate(dataclasses.replace(SIMULATED_DEVICES["cuda-sm90"], compute_units=3)):
+        _run_and_compare(*_inputs((150, n_cols), torch.float32, seed=n_cols), torch.float32, mode, offset)

@@ -450,3 +450,27 @@ def test_compile_fullgraph_gpu(bias):
     y = fn(x, w, b, EPS)
     y.backward(dy)
     _check(y, x, w, b, dy, EPS, 1e-2)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("n_cols", [300, 2880])
+def test_kernel_interpreter_nan_row_stays_in_its_row(poison, n_cols):
+    """A NaN in row 101 of x: y and dx of that row are NaN, every other row finite and right, on a
+    3-compute-unit device where each backward program walks several row blocks, loading the next
+    (row 101 is some program's next while it reduces an earlier one) before reducing the current."""
+    import dataclasses
+
+    from liger_portable._dispatch import simulate
+
+    from conftest import SIMULATED_DEVICES
+
+    x, w, b, dy = _inputs((150, n_cols), torch.float32, seed=n_cols)
+    x[101, 7] = float("nan")
+    xl = x.clone().requires_grad_()
+    with simulate(dataclasses.replace(SIMULATED_DEVICES["cuda-sm90"], compute_units=3)):
+        y = F.layer_norm(xl, w, b, EPS)
+        y.backward(dy)
+    ok = [r for r in range(150) if r != 101]
+    assert torch.isnan(y[101]).all() and torch.isnan(xl.grad[101]).all()
+    ry, rdx, _, _ = _reference(x[ok], w, b, dy[ok], EPS)
+    assert rel_err(y[ok], ry) <= 1e-5 and rel_err(xl.grad[ok], rdx) <= 1e-5
