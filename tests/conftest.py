@@ -49,6 +49,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "interpreter" in item.keywords and "gpu" not in item.keywords and not INTERPRET:
             item.add_marker(skip_interp)
+    # big_memory tests last: each waits for every other GPU test to end (the lock below), so one
+    # handed to an xdist worker early would hold back the tests queued behind it on that worker.
+    items.sort(key=lambda item: item.get_closest_marker("big_memory") is not None)
 
 
 @pytest.fixture(autouse=True)
