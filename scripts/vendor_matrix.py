@@ -150,6 +150,17 @@ def enumerate_configs(table: _configs.Table, target: Target, kernel: str, full: 
         items.append(Item(kernel, target, dict(cfg), p, where))
         # The largest problem of each rule: the one its search points are compiled with.
         by_rule[where] = (cfg, p)
+    # A rule no representative size reached (CI's few row lengths miss e.g. a rule for 4097-5120
+    # columns) is compiled at its own bound.
+    base = cm.problems(kernel, ci=ci)[0]
+    for s in (table.section_for(target.name), table.sections["default"]):
+        entry = s.kernels.get(kernel)
+        for rule in entry.rules if entry else ():
+            p = {**base, **dict(rule.upto)}
+            cfg, where = _configs.table_config(table, target.name, kernel, p)
+            if rule.upto and where not in by_rule:
+                items.append(Item(kernel, target, dict(cfg), p, where))
+                by_rule[where] = (cfg, p)
     if full:
         space = _configs.search_space(table, target.name, kernel)
         import itertools

@@ -132,3 +132,23 @@ def test_descriptions_cover_every_kernel_argument():
                     if k in params:  # GLU's launch clamps BLOCK_N to short rows
                         got = launch.constexprs[k]
                         assert got == v or (k == "BLOCK_N" and got == max(16, 1 << (p["n_cols"] - 1).bit_length())), (name, k)
+
+
+def test_ci_matrix_reaches_every_rule_a_row_length_can():
+    """CI compiles a few row lengths, plus each rule's own bound: every rule that some row length
+    (probed from 16 to 131072 columns) selects is among CI's compiles, for every target."""
+    from liger_portable import _compile_matrix as cm
+    from liger_portable._configs import load_table, table_config
+    from liger_portable._specs import SPECS
+
+    vm = _load_script()
+    probe = [16, 128, 256, 300, 512, 1000, 1024, 1536, 2048, 2880, 3072, 4096, 5000, 5120, 6144, 8192,
+             10000, 16384, 20000, 32768, 70001, 131072]
+    for target in vm.TARGETS.values():
+        table = load_table(target.backend)
+        for kernel in cm.DESCRIPTIONS:
+            if tuple(SPECS[kernel].key) != ("n_cols", "n_rows"):
+                continue
+            compiled = {i.where for i in vm.enumerate_configs(table, target, kernel, full=False, ci=True)}
+            reachable = {table_config(table, target.name, kernel, {"n_cols": n, "n_rows": 16384})[1] for n in probe}
+            assert reachable <= compiled, (target.name, kernel, reachable - compiled)
