@@ -145,20 +145,22 @@ class Item:
 
 def enumerate_configs(table: _configs.Table, target: Target, kernel: str, full: bool, ci: bool) -> list[Item]:
     items, by_rule = [], {}
-    for p in cm.problems(kernel, ci=ci):
+    representative = cm.problems(kernel, ci=ci)
+    for p in representative:
         cfg, where = _configs.table_config(table, target.name, kernel, p)
         items.append(Item(kernel, target, dict(cfg), p, where))
         # The largest problem of each rule: the one its search points are compiled with.
         by_rule[where] = (cfg, p)
     # A rule no representative size reached (CI's few row lengths miss e.g. a rule for 4097-5120
     # columns) is compiled at its own bound.
-    base = cm.problems(kernel, ci=ci)[0]
     for s in (table.section_for(target.name), table.sections["default"]):
         entry = s.kernels.get(kernel)
         for rule in entry.rules if entry else ():
-            p = {**base, **dict(rule.upto)}
+            if not rule.upto:
+                continue
+            p = {**representative[0], **dict(rule.upto)}
             cfg, where = _configs.table_config(table, target.name, kernel, p)
-            if rule.upto and where not in by_rule:
+            if where not in by_rule:
                 items.append(Item(kernel, target, dict(cfg), p, where))
                 by_rule[where] = (cfg, p)
     if full:
