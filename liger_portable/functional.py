@@ -517,6 +517,15 @@ def cross_entropy(
     return _loss_result(loss, z, target, reduction, return_z_loss)
 
 
+def _check_chunk_mib(chunk_mib) -> None:
+    if chunk_mib is None:
+        return
+    if isinstance(chunk_mib, bool) or not isinstance(chunk_mib, int) or chunk_mib < 1:
+        raise ValueError(
+            f"chunk_mib must be None (the device table's chunk) or a whole number of MiB >= 1, got {chunk_mib!r}"
+        )
+
+
 def fused_linear_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -529,10 +538,12 @@ def fused_linear_cross_entropy(
     lse_square_scale: float = 0.0,
     softcap: float | None = None,
     return_z_loss: bool = False,
+    chunk_mib: int | None = None,
 ):
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the logits:
-    the tokens are processed in chunks (size from the vendor table's ``CHUNK_MIB``), and the
-    gradients of hidden, weight and bias are computed chunk by chunk in the forward.
+    the tokens are processed in chunks (size from the vendor table's ``CHUNK_MIB``, or
+    ``chunk_mib``), and the gradients of hidden, weight and bias are computed chunk by chunk in
+    the forward.
 
     Args:
         hidden: ``(..., H)`` last hidden states; float32, bfloat16 or float16 (float64 runs the
@@ -543,6 +554,11 @@ def fused_linear_cross_entropy(
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss: as
             :func:`cross_entropy`. ``reduction="none"`` recomputes the logits in the backward (one
             more ``BT x H x V`` product; the same memory).
+        chunk_mib: MiB of logits per token chunk, the memory the op needs beyond the gradients
+            (None: the device table's, chosen memory-first, e.g. 128 MiB for an 8B model on an
+            H200). Each chunk reads and writes all of grad_weight once, so a larger chunk is faster
+            for its size in memory (H200, BT 8192, H 4096, V 128256: 45.5 ms at 128 MiB, 39.4 ms
+            at 1024 MiB). On the CPU fallback it is the MiB of float32 logits per chunk.
 
     Returns:
         The loss in float32 (float64 for float64 inputs; as Hugging Face's loss from upcast
@@ -573,16 +589,17 @@ def fused_linear_cross_entropy(
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     device = same_device(**tensors)
+    _check_chunk_mib(chunk_mib)
     if weight.shape[0] == 0:
         raise ValueError("weight must have at least one class (its first dimension is 0)")
     _check_target_range(target, weight.shape[0], ignore_index)
     if not _kernel_path(_flce_ops, device, hidden):
         return fallback.fused_linear_cross_entropy(
             hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale,
-            softcap, return_z_loss,
+            softcap, return_z_loss, chunk_mib,
         )
     loss, z = _flce_ops.fused_linear_cross_entropy(
         _rows(hidden), weight, target.reshape(-1).contiguous(), bias, ignore_index, label_smoothing,
-        lse_square_scale, softcap, reduction,
+        lse_square_scale, softcap, reduction, chunk_mib,
     )
     return _loss_result(loss, z, target, reduction, return_z_loss)

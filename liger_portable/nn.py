@@ -224,11 +224,29 @@ class FusedLinearCrossEntropyLoss(_LossOptions):
     """Fused LM head + cross-entropy without materialising the logits; see
     :func:`liger_portable.functional.fused_linear_cross_entropy`. No parameters of its own:
     ``forward(lm_head_weight, hidden, target, bias=None)`` in Liger-Kernel's argument order
-    returns the loss, or ``(loss, z_loss)`` with ``return_z_loss``."""
+    returns the loss, or ``(loss, z_loss)`` with ``return_z_loss``. ``chunk_mib`` trades memory for
+    speed (None: the device table's chunk)."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        lse_square_scale: float = 0.0,
+        softcap: float | None = None,
+        return_z_loss: bool = False,
+        chunk_mib: int | None = None,
+    ) -> None:
+        super().__init__(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
+        F._check_chunk_mib(chunk_mib)
+        self.chunk_mib = chunk_mib
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.chunk_mib is None else f", chunk_mib={self.chunk_mib}")
 
     def forward(self, lin_weight: torch.Tensor, hidden: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None):
         return F.fused_linear_cross_entropy(
             hidden, lin_weight, target, bias, ignore_index=self.ignore_index, reduction=self.reduction,
             label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
-            return_z_loss=self.return_z_loss,
+            return_z_loss=self.return_z_loss, chunk_mib=self.chunk_mib,
         )

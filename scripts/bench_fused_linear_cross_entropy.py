@@ -6,9 +6,10 @@ liger-kernel's LigerFusedLinearCrossEntropyFunction (when importable), cut-cross
 (eager and CUDA-graph replay; a peer that syncs the host cannot be captured and shows nan), the
 achieved TFLOP/s (3 x 2 x BT x H x V FLOP) against the bf16 matmul rate measured in the same run,
 and peak extra memory (the gradients of hidden and weight included: every peer allocates them).
-``--sweep`` times the table's search space (BLOCK_V, warps, CHUNK_MIB) for ours alone.
+``--sweep`` times the table's search space (BLOCK_V, warps, CHUNK_MIB) for ours alone;
+``--chunk-mib 512,1024`` adds ours with those ``chunk_mib`` values (memory traded for speed).
 
-    python scripts/bench_fused_linear_cross_entropy.py [--sweep] [--shapes 8192x4096x128256 ...]
+    python scripts/bench_fused_linear_cross_entropy.py [--sweep] [--chunk-mib 512,1024] [--shapes 8192x4096x128256 ...]
 
 Shapes are BT x H x V. Goal (issue 4, H200 bf16): 8192 x 4096 x 128256 in <= 38 ms with <= 1.2 GiB extra.
 """
@@ -31,12 +32,14 @@ def torch_flce(h, w, t):
     return torch.nn.functional.cross_entropy((h @ w.t()).float(), t)
 
 
-def peers() -> dict:
+def peers(chunk_mibs: tuple[int, ...] = ()) -> dict:
     fns = {
         "eager": torch_flce,
         "torch.compile": torch.compile(torch_flce, dynamic=False),
         "liger-portable": lambda h, w, t: F.fused_linear_cross_entropy(h, w, t),
     }
+    for mib in chunk_mibs:  # ours with more memory for speed (the user's chunk_mib)
+        fns[f"liger-portable {mib} MiB"] = lambda h, w, t, mib=mib: F.fused_linear_cross_entropy(h, w, t, chunk_mib=mib)
     try:
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
@@ -56,7 +59,8 @@ def peers() -> dict:
     return fns
 
 
-def bench_compare(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float, skip_eager_over_gib: float) -> list[dict]:
+def bench_compare(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float, skip_eager_over_gib: float,
+                  chunk_mibs: tuple[int, ...] = ()) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
     h0 = torch.randn(BT, H, device="cuda", dtype=dtype, generator=g)
     w0 = (torch.randn(V, H, device="cuda", dtype=dtype, generator=g) / H**0.5)
@@ -65,7 +69,7 @@ def bench_compare(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float, s
     flop = 3 * 2 * BT * H * V
     logits_gib = BT * V * 4 / 2**30
     results, ref = [], None
-    for name, fn in peers().items():
+    for name, fn in peers(chunk_mibs).items():
         if name in ("eager", "torch.compile") and logits_gib > skip_eager_over_gib:
             print(f"  {name:<18} skipped: fp32 logits {logits_gib:.1f} GiB")
             continue
@@ -136,6 +140,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["8192x4096x128256", "4096x2304x256000", "16384x8192x128256"])
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--chunk-mib", default="", help="also time ours with these chunk_mib values, e.g. 512,1024")
     ap.add_argument("--skip-eager-over-gib", type=float, default=8.0, help="skip eager/compile peers above this fp32 logits size")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -153,7 +158,8 @@ def main() -> None:
     for BT, H, V in shapes:
         print(f"fused linear cross-entropy BT {BT} H {H} V {V} {args.dtype} forward+backward "
               f"(matmul floor {3 * 2 * BT * H * V / ceiling / 1e9:.1f} ms)")
-        rows += bench_compare(BT, H, V, dtype, ceiling, args.skip_eager_over_gib)
+        rows += bench_compare(BT, H, V, dtype, ceiling, args.skip_eager_over_gib,
+                              tuple(int(m) for m in args.chunk_mib.split(",") if m))
     payload["results"] = rows
     write_results("fused_linear_cross_entropy_bench", payload)
     print(markdown_table(

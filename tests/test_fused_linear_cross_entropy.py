@@ -108,6 +108,36 @@ def test_fallback_is_chunked(monkeypatch):
     assert calls == [8, 8, 4]
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_fallback_chunk_mib(monkeypatch, reduction):
+    """``chunk_mib`` sets the fallback's chunk (MiB of fp32 logits; the unit lowered to 4 KiB
+    here): 4 KiB / (100 x 4 B) = 10 rows, rounded down to 8; the results stay the reference's."""
+    calls = []
+    real = fl_fb.ce_rows_torch
+    monkeypatch.setattr(fl_fb, "ce_rows_torch", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
+    monkeypatch.setattr(fl_fb, "CHUNK_UNIT", 4096)
+    h, w, b, t = _inputs(20, 8, 100, torch.float32)
+    go = torch.randn(20) if reduction == "none" else torch.tensor(0.7)
+    ref = flce_reference(h, w, b, t, reduction=reduction, opts=OPTIONS["all"], grad_out=go)
+    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    loss = F.fused_linear_cross_entropy(hl, wl, t, bl, reduction=reduction, label_smoothing=0.2,
+                                        lse_square_scale=1e-3, softcap=5.0, chunk_mib=1)
+    (loss * go).sum().backward()
+    # "none" recomputes the chunks in the backward, with the same chunk
+    assert calls == [8, 8, 4] * (2 if reduction == "none" else 1)
+    for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3]), (bl.grad, ref[4])):
+        assert rel_err(out, r) <= 1e-5
+
+
+@pytest.mark.parametrize("bad", [0, -8, 1.5, True, "256"])
+def test_chunk_mib_must_be_a_positive_whole_number(bad):
+    h, w, b, t = _inputs(4, 8, 10, torch.float32)
+    with pytest.raises(ValueError, match=r"^chunk_mib must be None \(the device table's chunk\) or a whole number"):
+        F.fused_linear_cross_entropy(h, w, t, chunk_mib=bad)
+    with pytest.raises(ValueError, match=r"^chunk_mib must be"):
+        lnn.FusedLinearCrossEntropyLoss(chunk_mib=bad)
+
+
 def test_all_ignored_and_frozen_weight():
     h, w, b, t = _inputs(6, 8, 50, torch.float32)
     t[:] = -100
@@ -223,6 +253,33 @@ def test_kernel_interpreter_fp16_small_gradients(simulated_device, poison, reduc
     for name, out, r in (("dhidden", hl.grad, ref[2]), ("dweight", wl.grad, ref[3]), ("dbias", bl.grad, ref[4])):
         assert out.dtype == dtype
         assert rel_err(out, r) <= 4 * rel_err(r.to(dtype), r), (name, rel_err(out, r), rel_err(r.to(dtype), r))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_kernel_interpreter_chunk_mib(simulated_device, poison, small_chunks, monkeypatch, reduction):
+    """``chunk_mib`` overrides the table's CHUNK_MIB, forward and (``none``) the recomputing
+    backward, eager and under torch.compile (the custom ops carry it): 3 units of 2 KiB over
+    V=100 fp32 rows of 400 B = 15 rows, rounded down to 8; the module passes it on too."""
+    if simulated_device.arch != "sm90":
+        pytest.skip("host-side chunking, vendor-independent: one table is enough")
+    calls = []
+    real = fl_ops.ce_rows
+    monkeypatch.setattr(fl_ops, "ce_rows", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+    h, w, b, t = _inputs(20, 8, 100, torch.float32)
+    go = torch.randn(20) if reduction == "none" else torch.tensor(1.1)
+    ref = flce_reference(h, w, b, t, reduction=reduction, grad_out=go)
+    m = lnn.FusedLinearCrossEntropyLoss(reduction=reduction, chunk_mib=3)
+    assert "chunk_mib=3" in repr(m)
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    for fn in (m, compiled):
+        calls.clear()
+        hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+        loss = fn(wl, hl, t, bl)
+        (loss * go).sum().backward()
+        assert calls == [8, 8, 4] * (2 if reduction == "none" else 1)
+        for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3]), (bl.grad, ref[4])):
+            assert rel_err(out, r) <= 1e-5
 
 
 @pytest.mark.interpreter

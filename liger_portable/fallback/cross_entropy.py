@@ -14,6 +14,8 @@ import torch
 
 # Memory of one chunk of compute-dtype logits, in bytes (a module constant the tests lower).
 CHUNK_BYTES = 32 * 2**20
+# Bytes in one MiB of a caller's ``chunk_mib`` (the tests lower it, as CHUNK_BYTES).
+CHUNK_UNIT = 2**20
 
 
 def chunk_rows(n_cols: int, element_size: int, chunk_bytes: int) -> int:
@@ -133,7 +135,8 @@ def cross_entropy(
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction):
+    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction,
+                chunk_bytes):
         want_h, want_w, _, want_b = ctx.needs_input_grad[:4]
         want = want_h or want_w or want_b
         n_rows = hidden.shape[0]
@@ -149,7 +152,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         gh = torch.zeros_like(hidden) if store and want_h else None
         gw = torch.zeros_like(weight) if store and want_w else None
         gb = torch.zeros_like(bias) if store and want_b else None
-        step = chunk_rows(n_cols, cd.itemsize, CHUNK_BYTES)
+        step = chunk_rows(n_cols, cd.itemsize, chunk_bytes)
         for s in range(0, n_rows, step):
             hc = hidden[s:s + step]
             logits = hc @ weight.t()
@@ -170,6 +173,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                     gb += g.sum(0)
         ctx.save_for_backward(hidden, weight, target, bias, count, gh, gw, gb)
         ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap, reduction)
+        ctx.chunk_bytes = chunk_bytes
         loss, z = _reduce(loss_rows, z_rows, reduction, count, torch.promote_types(hidden.dtype, torch.float32))
         ctx.mark_non_differentiable(z)
         return loss, z
@@ -186,14 +190,14 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 None if gw is None else (gw * f).to(gw.dtype),
                 None,
                 None if gb is None else (gb * f).to(gb.dtype),
-                None, None, None, None, None,
+                None, None, None, None, None, None,
             )
         gh = torch.zeros_like(hidden) if want_h else None
         gw = torch.zeros_like(weight) if want_w else None
         gb = torch.zeros_like(bias) if want_b else None
         n_rows, n_cols = hidden.shape[0], weight.shape[0]
         cd = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        step = chunk_rows(n_cols, cd.itemsize, CHUNK_BYTES)
+        step = chunk_rows(n_cols, cd.itemsize, ctx.chunk_bytes)
         for s in range(0, n_rows, step):
             hc = hidden[s:s + step]
             logits = hc @ weight.t()
@@ -209,20 +213,22 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 gw += g.t() @ hc
             if gb is not None:
                 gb += g.sum(0)
-        return gh, gw, None, gb, None, None, None, None, None
+        return gh, gw, None, gb, None, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
     ignore_index: int, reduction: str, label_smoothing: float, lse_square_scale: float,
-    softcap: float | None, return_z_loss: bool,
+    softcap: float | None, return_z_loss: bool, chunk_mib: int | None = None,
 ):
     """Cross-entropy of ``hidden @ weight.T + bias`` against ``target``, chunked over tokens so the
-    logits never exist in full; see :func:`liger_portable.functional.fused_linear_cross_entropy`."""
+    logits never exist in full; see :func:`liger_portable.functional.fused_linear_cross_entropy`.
+    ``chunk_mib``: MiB of fp32 (float64) logits per chunk; None: ``CHUNK_BYTES``."""
     h = hidden.reshape(-1, hidden.shape[-1])
     t = target.reshape(-1)
+    chunk_bytes = chunk_mib * CHUNK_UNIT if chunk_mib else CHUNK_BYTES
     loss, z = _FusedLinearCrossEntropy.apply(
-        h, weight, t, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction
+        h, weight, t, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, chunk_bytes
     )
     if reduction == "none":
         loss, z = loss.view(target.shape), z.view(target.shape)

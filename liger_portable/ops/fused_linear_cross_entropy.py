@@ -56,9 +56,11 @@ def _config(hidden, weight, config):
     )
 
 
-def _chunks(hidden, weight, cfg):
+def _chunks(hidden, weight, cfg, chunk_mib=None):
+    """Rows per chunk and the ``(start, end)`` of each: ``chunk_mib`` (else the config's
+    ``CHUNK_MIB``) MiB of logits per chunk."""
     n_rows, n_cols = hidden.shape[0], weight.shape[0]
-    step = chunk_rows(n_cols, hidden.element_size(), cfg.meta["CHUNK_MIB"] * _CHUNK_UNIT)
+    step = chunk_rows(n_cols, hidden.element_size(), (chunk_mib or cfg.meta["CHUNK_MIB"]) * _CHUNK_UNIT)
     step = max(1, min(step, n_rows))
     return step, [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
 
@@ -117,6 +119,7 @@ def flce_fwd(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
     ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float | None,
     reduction: str, want: tuple[bool, bool, bool] = (True, True, True), config: Resolved | None = None,
+    chunk_mib: int | None = None,
 ):
     """Forward of the fused linear cross-entropy on 2-D ``hidden`` (BT, H), ``weight`` (V, H),
     1-D ``target`` (BT,), optional ``bias`` (V,).
@@ -124,7 +127,8 @@ def flce_fwd(
     Returns ``(loss_rows, z_rows, grad_hidden, grad_weight, grad_bias)``: fp32 row losses
     (z-loss included) and z-losses (None without ``lse_square_scale``), and the gradients of the
     reduced loss (``mean`` / ``sum``) for the inputs flagged in ``want`` (else None; always None for
-    ``reduction="none"``). ``config`` overrides the resolved config (BLOCK_V, warps, CHUNK_MIB).
+    ``reduction="none"``). ``config`` overrides the resolved config (BLOCK_V, warps, CHUNK_MIB);
+    ``chunk_mib`` (None: the config's) the MiB of logits per chunk.
     """
     cfg = _config(hidden, weight, config)
     n_rows, n_cols = hidden.shape[0], weight.shape[0]
@@ -149,7 +153,7 @@ def flce_fwd(
     if half:
         grad_scale, kernel_scale = _HALF_GRAD_SCALE, None
         alpha = 1.0 / (_HALF_GRAD_SCALE * (n_rows if reduction == "mean" else 1))
-    step, chunks = _chunks(hidden, weight, cfg)
+    step, chunks = _chunks(hidden, weight, cfg, chunk_mib)
     buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
     for i, (s, e) in enumerate(chunks):
         hc = hidden[s:e]
@@ -173,6 +177,7 @@ def flce_bwd_recompute(
     dloss_rows: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     bias: torch.Tensor | None, ignore_index: int, label_smoothing: float, lse_square_scale: float,
     softcap: float | None, want: tuple[bool, bool, bool] = (True, True, True), config: Resolved | None = None,
+    chunk_mib: int | None = None,
 ):
     """Backward of ``reduction="none"``: recompute each chunk's logits and write the gradients of
     ``sum(dloss_rows * loss_rows)``. Returns ``(grad_hidden, grad_weight, grad_bias)``."""
@@ -196,7 +201,7 @@ def flce_bwd_recompute(
         peak = torch.where(peak > 0, peak, torch.ones_like(peak))  # all zero: nothing to rescale
         dloss_rows = dloss_rows * (_HALF_GRAD_SCALE / peak)
         alpha = 1.0 / _HALF_GRAD_SCALE
-    step, chunks = _chunks(hidden, weight, cfg)
+    step, chunks = _chunks(hidden, weight, cfg, chunk_mib)
     buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
     for i, (s, e) in enumerate(chunks):
         hc = hidden[s:e]
@@ -231,12 +236,14 @@ def _reduce(loss_rows, z_rows, reduction, target, ignore_index, dtype):
 
 class _FLCEFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction):
+    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction,
+                chunk_mib):
         want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3])
         loss_rows, z_rows, gh, gw, gb = flce_fwd(
-            hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, want
+            hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, want,
+            chunk_mib=chunk_mib,
         )
-        ctx.reduction, ctx.want, ctx.done = reduction, want, False
+        ctx.reduction, ctx.want, ctx.done, ctx.chunk_mib = reduction, want, False, chunk_mib
         ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
         if reduction == "none":
             ctx.save_for_backward(hidden, weight, target, bias)
@@ -252,8 +259,10 @@ class _FLCEFunction(torch.autograd.Function):
     def backward(ctx, dloss, _dz):
         if ctx.reduction == "none":
             hidden, weight, target, bias = ctx.saved_tensors
-            gh, gw, gb = flce_bwd_recompute(dloss, hidden, weight, target, bias, *ctx.options, want=ctx.want)
-            return gh, gw, None, gb, None, None, None, None, None
+            gh, gw, gb = flce_bwd_recompute(
+                dloss, hidden, weight, target, bias, *ctx.options, want=ctx.want, chunk_mib=ctx.chunk_mib
+            )
+            return gh, gw, None, gb, None, None, None, None, None, None
         if ctx.done:
             raise RuntimeError(
                 "liger_portable fused_linear_cross_entropy can run backward only once: its gradients are "
@@ -265,24 +274,26 @@ class _FLCEFunction(torch.autograd.Function):
         ctx.grads = None
         f = dloss.reshape(1).to(torch.float32)
         _scale_grads_((gh, gw, gb), f)
-        return gh, gw, None, gb, None, None, None, None, None
+        return gh, gw, None, gb, None, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
     ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float | None, reduction: str,
+    chunk_mib: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Differentiable fused linear cross-entropy of 2-D ``hidden``, ``weight``, 1-D ``target``.
-    Returns ``(loss, z_loss)`` (``z_loss`` None without ``lse_square_scale``)."""
+    Returns ``(loss, z_loss)`` (``z_loss`` None without ``lse_square_scale``). ``chunk_mib``: MiB
+    of logits per token chunk (None: the resolved config's ``CHUNK_MIB``)."""
     has_z = lse_square_scale != 0.0
     if torch.compiler.is_compiling():
         loss, z, *_ = flce_op(
             hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale,
-            -1.0 if softcap is None else softcap, reduction,
+            -1.0 if softcap is None else softcap, reduction, chunk_mib or 0,
         )
         return loss, z if has_z else None
     loss, z = _FLCEFunction.apply(
-        hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction
+        hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, chunk_mib
     )
     return loss, z if has_z else None
 
@@ -295,10 +306,12 @@ def fused_linear_cross_entropy(
 def flce_op(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
     ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float, reduction: str,
+    chunk_mib: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # softcap <= 0 and chunk_mib 0 stand for None (custom op schemas have no Optional scalars here)
     loss_rows, z_rows, gh, gw, gb = flce_fwd(
         hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale,
-        softcap if softcap > 0 else None, reduction,
+        softcap if softcap > 0 else None, reduction, chunk_mib=chunk_mib or None,
     )
     loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, loss_dtype(hidden.dtype))
     if z is None:
@@ -311,7 +324,7 @@ def flce_op(
 
 
 @flce_op.register_fake
-def _(hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction):
+def _(hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, chunk_mib):
     loss = hidden.new_empty(target.shape if reduction == "none" else (), dtype=loss_dtype(hidden.dtype))
     if reduction == "none":
         gh, gw = hidden.new_empty(0), weight.new_empty(0)
@@ -325,25 +338,25 @@ def _(hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_sc
 def flce_backward_op(
     dloss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     bias: Optional[torch.Tensor], ignore_index: int, label_smoothing: float, lse_square_scale: float,
-    softcap: float,
+    softcap: float, chunk_mib: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gh, gw, gb = flce_bwd_recompute(
         dloss, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale,
-        softcap if softcap > 0 else None,
+        softcap if softcap > 0 else None, chunk_mib=chunk_mib or None,
     )
     return gh, gw, gb if gb is not None else weight.new_empty(0)
 
 
 @flce_backward_op.register_fake
-def _(dloss, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap):
+def _(dloss, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, chunk_mib):
     gb = torch.empty_like(bias) if bias is not None else weight.new_empty(0)
     return torch.empty_like(hidden), torch.empty_like(weight), gb
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction = inputs
+    hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, chunk_mib = inputs
     ctx.reduction, ctx.has_bias = reduction, bias is not None
-    ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
+    ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap, chunk_mib)
     if reduction == "none":
         ctx.save_for_backward(hidden, weight, target, bias)
     else:
@@ -357,7 +370,7 @@ def _backward(ctx, dloss, _dz, _dgh, _dgw, _dgb):
         gh, gw, gb = flce_backward_op(dloss, hidden, weight, target, bias, *ctx.options)
     else:
         gh, gw, gb = ((g * dloss).to(g.dtype) for g in ctx.saved_tensors)
-    return gh, gw, None, gb if ctx.has_bias else None, None, None, None, None, None
+    return gh, gw, None, gb if ctx.has_bias else None, None, None, None, None, None, None
 
 
 flce_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,142 @@
+"""Where the fused linear cross-entropy's time goes: each of its three matrix products per chunk,
+timed alone on the GPU at several chunk sizes (issue 4).
+
+Per chunk of ``C`` tokens the FLCE runs (``ops/fused_linear_cross_entropy.py``):
+  fwd:  logits = hidden_c @ weight.T          (C x V, K = H)
+  gh:   grad_hidden_c = dlogits @ weight       (C x H, K = V)
+  gw:   grad_weight += dlogits.T @ hidden_c    (V x H, K = C; beta=1 reads and writes grad_weight)
+This script times each with cuBLAS (torch) and, for ``gw``, a Triton persistent kernel that loads
+its grad_weight tile before the product loop so the read overlaps the arithmetic (a prototype: the
+question is whether the accumulation's 2 x |grad_weight| of traffic per chunk can be hidden).
+
+    python scripts/profile_flce_gemms.py [--shape 8192x4096x128256] [--chunk-mib 128,160,256,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(__file__))
+import benchlib  # noqa: E402
+
+
+@triton.jit
+def _gw_accumulate_kernel(g_ptr, h_ptr, w_ptr, C, V, H, stride_g, stride_h, stride_w, alpha,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                          PREFETCH: tl.constexpr):
+    """w[v, n] += alpha * sum_c g[c, v] * h[c, n]; persistent over (vocab, hidden) tiles."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(V, BLOCK_M)
+    n_n = tl.cdiv(H, BLOCK_N)
+    for tile in tl.range(pid, n_m * n_n, NUM_PROGRAMS):
+        group = tile // (GROUP_M * n_n)
+        first_m = group * GROUP_M
+        size_m = min(n_m - first_m, GROUP_M)
+        pm = first_m + (tile % size_m)
+        pn = (tile % (GROUP_M * n_n)) // size_m
+        offs_m = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+        w_ptrs = w_ptr + offs_m[:, None].to(tl.int64) * stride_w + offs_n[None, :]
+        w_mask = (offs_m[:, None] < V) & (offs_n[None, :] < H)
+        if PREFETCH:
+            old = tl.load(w_ptrs, mask=w_mask, other=0.0)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, C, BLOCK_K):
+            offs_k = k + tl.arange(0, BLOCK_K)
+            a = tl.load(g_ptr + offs_k[None, :].to(tl.int64) * stride_g + offs_m[:, None],
+                        mask=(offs_k[None, :] < C) & (offs_m[:, None] < V), other=0.0)
+            b = tl.load(h_ptr + offs_k[:, None].to(tl.int64) * stride_h + offs_n[None, :],
+                        mask=(offs_k[:, None] < C) & (offs_n[None, :] < H), other=0.0)
+            acc = tl.dot(a, b, acc)
+        if not PREFETCH:
+            old = tl.load(w_ptrs, mask=w_mask, other=0.0)
+        tl.store(w_ptrs, (old.to(tl.float32) + acc * alpha).to(w_ptr.dtype.element_ty), mask=w_mask)
+
+
+def gw_triton(g, hc, gw, alpha, bm, bn, bk, warps, stages, prefetch, n_sm):
+    C, V = g.shape
+    H = hc.shape[1]
+    grid = (n_sm,)
+    _gw_accumulate_kernel[grid](g, hc, gw, C, V, H, g.stride(0), hc.stride(0), gw.stride(0), alpha,
+                                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_PROGRAMS=n_sm,
+                                PREFETCH=prefetch, num_warps=warps, num_stages=stages)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="8192x4096x128256")
+    p.add_argument("--chunk-mib", default="128,160,256,512,1024")
+    p.add_argument("--triton-configs", default="128,256,64,8,3,1;128,128,64,8,4,1;128,128,64,4,4,1;"
+                   "128,256,64,8,3,0;128,128,64,8,4,0;256,128,64,8,3,1")
+    a = p.parse_args()
+    bt, h, v = (int(x) for x in a.shape.split("x"))
+    dev = "cuda"
+    torch.manual_seed(0)
+    tflops_ceiling = benchlib.matmul_tflops()
+    copy_gbs = benchlib.copy_bandwidth_gbs()
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"ceilings: matmul {tflops_ceiling:.0f} TFLOP/s, copy {copy_gbs:.0f} GB/s, {n_sm} SMs")
+    w = torch.randn(v, h, device=dev, dtype=torch.bfloat16) * 0.02
+    hid = torch.randn(bt, h, device=dev, dtype=torch.bfloat16)
+    gw = torch.randn(v, h, device=dev, dtype=torch.bfloat16) * 1e-3
+    rows = []
+    for mib in (int(x) for x in a.chunk_mib.split(",")):
+        c = max(8, (mib * 2**20 // (v * 2)) // 8 * 8)
+        c = min(c, bt)
+        n_chunks = -(-bt // c)
+        hc = hid[:c]
+        g = torch.randn(c, v, device=dev, dtype=torch.bfloat16) * 1e-4
+        logits = torch.empty(c, v, device=dev, dtype=torch.bfloat16)
+        gh = torch.empty(c, h, device=dev, dtype=torch.bfloat16)
+        flop = 2 * c * h * v
+        timings = {
+            "fwd": benchlib.median_ms(lambda: torch.mm(hc, w.t(), out=logits)),
+            "gh": benchlib.median_ms(lambda: gh.addmm_(g, w, beta=0)),
+            "gw_beta0": benchlib.median_ms(lambda: gw.addmm_(g.t(), hc, beta=0)),
+            "gw_beta1": benchlib.median_ms(lambda: gw.addmm_(g.t(), hc, beta=1)),
+        }
+        # Triton prototype: check it against cuBLAS once, then time it.
+        ref = gw.float() + (g.t().float() @ hc.float())
+        for spec in a.triton_configs.split(";"):
+            bm, bn, bk, warps, stages, pre = (int(x) for x in spec.split(","))
+            name = f"gw_triton_{bm}x{bn}x{bk}_w{warps}_s{stages}_{'pre' if pre else 'post'}"
+            try:
+                out = gw.clone()
+                gw_triton(g, hc, out, 1.0, bm, bn, bk, warps, stages, pre, n_sm)
+                err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                timings[name] = benchlib.median_ms(
+                    lambda: gw_triton(g, hc, out, 1.0, bm, bn, bk, warps, stages, pre, n_sm))
+                timings[name + "_relerr"] = err
+                del out
+            except Exception as e:  # noqa: BLE001 - a config that does not compile
+                print(f"  {name}: {type(e).__name__}: {str(e)[:200]}")
+        del ref
+        row = {"chunk_mib": mib, "tokens": c, "chunks": n_chunks, **timings}
+        per_bt = {k: t * n_chunks for k, t in timings.items() if not k.endswith("relerr")}
+        row["per_bt_ms"] = per_bt
+        rows.append(row)
+        print(f"chunk {mib} MiB = {c} tokens, {n_chunks} chunks:")
+        for k, t in timings.items():
+            if k.endswith("relerr"):
+                print(f"    {k:40s} {t:.2e}")
+                continue
+            extra = ""
+            if k.startswith("gw") or k in ("fwd", "gh"):
+                extra = f"{flop / t / 1e9:6.0f} TFLOP/s ({100 * flop / t / 1e9 / tflops_ceiling:3.0f}%)"
+            print(f"    {k:40s} {t:7.3f} ms  x{n_chunks} = {t * n_chunks:7.2f} ms  {extra}")
+        del g, logits, gh
+        torch.cuda.empty_cache()
+    benchlib.write_results("flce_gemm_profile", {
+        "env": benchlib.environment(), "shape": a.shape, "matmul_tflops": tflops_ceiling,
+        "copy_gbs": copy_gbs, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
