@@ -14,6 +14,7 @@ and the subprocess import check.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import os
 import subprocess
@@ -305,6 +306,46 @@ def test_loss_options_match_hugging_face(family, mode, calls):
     expected = "fused_linear_cross_entropy" if mode == "fused_linear_cross_entropy" else "cross_entropy"
     assert calls[expected] == len(cases)
     assert calls["_kwargs"][expected]["ignore_index"] == -1
+
+
+def test_chunk_mib(monkeypatch, calls):
+    """``patch(model, chunk_mib=N)`` reaches the fused loss (kept as a model attribute that may be
+    changed later); the results stay Hugging Face's. The fallback's MiB is lowered to 4 KiB, so
+    N=1 is 8 rows of fp32 logits over the tiny vocabulary."""
+    fb = importlib.import_module("liger_portable.fallback.cross_entropy")
+    rows = []
+    real = fb.ce_rows_torch
+    monkeypatch.setattr(fb, "ce_rows_torch", lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
+    monkeypatch.setattr(fb, "CHUNK_UNIT", 4096)
+    per_chunk = fb.chunk_rows(VOCAB, 4, 4096)
+    ref = tiny_model("llama", seed=5)
+    model = lpt.patch(tiny_model("llama", seed=5), chunk_mib=1)
+    assert model.liger_portable_chunk_mib == 1 and 1 <= per_chunk < 38
+    data = batch(3)
+    out = model(**data)
+    ref_out = ref_call(ref, **data)
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * abs(ref_out.loss.item())
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
+    assert calls["_kwargs"]["fused_linear_cross_entropy"]["chunk_mib"] == 1
+    assert rows == [per_chunk] * (38 // per_chunk) + ([38 % per_chunk] if 38 % per_chunk else [])
+    rows.clear()
+    model.liger_portable_chunk_mib = None  # back to the default chunk: one chunk of 38 tokens here
+    model(**data)
+    assert rows == [38] and calls["_kwargs"]["fused_linear_cross_entropy"]["chunk_mib"] is None
+
+
+def test_chunk_mib_errors_change_nothing():
+    model = tiny_model("llama")
+    for kwargs, match in (
+        (dict(chunk_mib=0), "chunk_mib must be None"),
+        (dict(chunk_mib=64, fused_linear_cross_entropy=False), "needs fused_linear_cross_entropy=True"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            lpt.patch(model, **kwargs)
+        assert "forward" not in vars(model) and not hasattr(model, "liger_portable_chunk_mib")
+        assert any(type(m).__name__ == "LlamaRMSNorm" for m in model.modules())
 
 
 def test_logits_to_keep_and_return_dict():

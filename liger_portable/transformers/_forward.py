@@ -41,6 +41,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOut
 
 LOSS_MODES = ("flce", "ce")
 HEADS = ("plain", "softcap", "scaled", "moe")
+# The model attribute the fused loss reads its chunk_mib from (None or absent: the device table's).
+CHUNK_MIB_ATTR = "liger_portable_chunk_mib"
 
 
 def _keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
@@ -74,11 +76,12 @@ def _finish(loss: torch.Tensor, num_items_in_batch) -> torch.Tensor:
     return loss
 
 
-def _flce_loss(hidden, weight, bias, labels, softcap, *, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **_):
+def _flce_loss(hidden, weight, bias, labels, softcap, chunk_mib=None, *, num_items_in_batch=None, ignore_index=-100,
+               shift_labels=None, **_):
     target = _targets(labels, ignore_index, shift_labels, hidden.device)
     loss = F.fused_linear_cross_entropy(
         hidden, weight, target, bias, ignore_index=ignore_index,
-        reduction="sum" if num_items_in_batch is not None else "mean", softcap=softcap,
+        reduction="sum" if num_items_in_batch is not None else "mean", softcap=softcap, chunk_mib=chunk_mib,
     )
     return _finish(loss, num_items_in_batch)
 
@@ -146,7 +149,8 @@ def make_causal_lm_forward(head: str, loss_mode: str, load_balancing_loss_func: 
         if labels is not None and loss_mode == "flce" and self.training:
             if head == "scaled":
                 hidden = hidden / config.logits_scaling
-            loss = _flce_loss(hidden, self.lm_head.weight, self.lm_head.bias, labels, softcap, **kwargs)
+            chunk_mib = getattr(self, CHUNK_MIB_ATTR, None)  # set by patch(model, chunk_mib=...)
+            loss = _flce_loss(hidden, self.lm_head.weight, self.lm_head.bias, labels, softcap, chunk_mib, **kwargs)
         else:
             logits = self.lm_head(hidden)
             if head == "scaled":

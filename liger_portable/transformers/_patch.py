@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from . import _modules as M
-from ._forward import make_causal_lm_forward
+from .. import functional as _F
+from ._forward import CHUNK_MIB_ATTR, make_causal_lm_forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +238,7 @@ def patch(
     swiglu: bool = True,
     cross_entropy: bool = False,
     fused_linear_cross_entropy: bool = True,
+    chunk_mib: int | None = None,
 ):
     """Patch an instantiated Hugging Face model in place, by its ``config.model_type``; returns it.
 
@@ -259,19 +261,29 @@ def patch(
             the logits. Excludes ``fused_linear_cross_entropy``.
         fused_linear_cross_entropy: in training mode with labels, compute the loss from the
             last hidden states and the LM head without building the logits (``logits`` is None).
+        chunk_mib: the fused loss's MiB of logits per token chunk (see
+            :func:`liger_portable.functional.fused_linear_cross_entropy`); None: the device
+            table's memory-first chunk. Larger is faster for its size in memory. Kept as the
+            model attribute ``liger_portable_chunk_mib``, which may be changed later.
 
     Raises:
         ValueError: an unsupported ``model_type`` (the message lists the supported ones), both
-            losses requested, or an activation the fused MLP does not compute. Nothing is
+            losses requested, an activation the fused MLP does not compute, or ``chunk_mib``
+            that is not a positive whole number or given without the fused loss. Nothing is
             changed when it raises.
     """
     _check_flags(cross_entropy, fused_linear_cross_entropy, rope=rope, rms_norm=rms_norm, swiglu=swiglu)
+    _F._check_chunk_mib(chunk_mib)
+    if chunk_mib is not None and not fused_linear_cross_entropy:
+        raise ValueError("chunk_mib sets the fused linear cross-entropy's chunk; it needs fused_linear_cross_entropy=True")
     family = family_of(model)
     _check_act(family, model.config, swiglu, "swiglu")
     _patch_instance(
         family, model, rope=rope, rms_norm=rms_norm, glu=swiglu,
         loss_mode=_loss_mode(cross_entropy, fused_linear_cross_entropy),
     )
+    if chunk_mib is not None:
+        setattr(model, CHUNK_MIB_ATTR, chunk_mib)
     return model
 
 
