@@ -73,6 +73,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="8192x4096x128256")
     p.add_argument("--chunk-mib", default="128,160,256,512,1024")
+    p.add_argument("--skip-triton", action="store_true", help="cuBLAS products only (no Triton prototype)")
     p.add_argument("--triton-configs", default="128,256,64,8,3,1;128,128,64,8,4,1;128,128,64,4,4,1;"
                    "128,256,64,8,3,0;128,128,64,8,4,0;256,128,64,8,3,1")
     a = p.parse_args()
@@ -102,6 +103,32 @@ def main() -> None:
             "gw_beta0": benchlib.median_ms(lambda: gw.addmm_(g.t(), hc, beta=0)),
             "gw_beta1": benchlib.median_ms(lambda: gw.addmm_(g.t(), hc, beta=1)),
         }
+        # The two backward products read the same dlogits and write different outputs: on two
+        # streams the weight-gradient product's grad_weight traffic could overlap the other's math.
+        side = torch.cuda.Stream()
+
+        def both_serial():
+            gh.addmm_(g, w, beta=0)
+            gw.addmm_(g.t(), hc, beta=1)
+
+        def both_streams():
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                gw.addmm_(g.t(), hc, beta=1)
+            gh.addmm_(g, w, beta=0)
+            torch.cuda.current_stream().wait_stream(side)
+
+        timings["gh+gw_serial"] = benchlib.median_ms(both_serial)
+        timings["gh+gw_two_streams"] = benchlib.median_ms(both_streams)
+        timings["gh+gw_serial_graph"] = benchlib.graph_ms(both_serial)
+        timings["gh+gw_two_streams_graph"] = benchlib.graph_ms(both_streams)
+        if a.skip_triton:
+            rows.append({"chunk_mib": mib, "tokens": c, "chunks": n_chunks, **timings})
+            for k, t in timings.items():
+                print(f"    {k:40s} {t:7.3f} ms  x{n_chunks} = {t * n_chunks:7.2f} ms")
+            del g, logits, gh
+            torch.cuda.empty_cache()
+            continue
         # Triton prototype: check it against cuBLAS once, then time it.
         ref = gw.float() + (g.t().float() @ hc.float())
         for spec in a.triton_configs.split(";"):
@@ -128,12 +155,32 @@ def main() -> None:
                 print(f"    {k:40s} {t:.2e}")
                 continue
             extra = ""
-            if k.startswith("gw") or k in ("fwd", "gh"):
+            if (k.startswith("gw") or k in ("fwd", "gh")) and "+" not in k:
                 extra = f"{flop / t / 1e9:6.0f} TFLOP/s ({100 * flop / t / 1e9 / tflops_ceiling:3.0f}%)"
             print(f"    {k:40s} {t:7.3f} ms  x{n_chunks} = {t * n_chunks:7.2f} ms  {extra}")
         del g, logits, gh
         torch.cuda.empty_cache()
-    benchlib.write_results("flce_gemm_profile", {
+    # The whole op with and without the side stream (ops._OVERLAP), at the table's chunk.
+    from liger_portable.ops import fused_linear_cross_entropy as ops
+    t = torch.randint(0, v, (bt,), device=dev)
+    t[::7] = -100
+    whole = {}
+    for overlap in (False, True, False, True):
+        ops._OVERLAP = overlap
+        fn = lambda: ops.flce_fwd(hid, w, t, None, -100, 0.0, 0.0, None, "mean")  # noqa: E731
+        key = "two_streams" if overlap else "serial"
+        whole.setdefault(key, []).append(benchlib.graph_ms(fn))
+        print(f"  whole FLCE, {key:12s}: {whole[key][-1]:.2f} ms (graph replay)")
+    outs = []
+    for overlap in (False, True):
+        ops._OVERLAP = overlap
+        outs.append(ops.flce_fwd(hid, w, t, None, -100, 0.0, 0.0, None, "mean"))
+    same = all(torch.equal(x, y) for x, y in zip(outs[0][:4], outs[1][:4]) if x is not None)
+    print(f"  two streams give bitwise the same losses and gradients: {same}")
+    whole["bitwise_equal"] = same
+    del outs
+    ops._OVERLAP = False
+    benchlib.write_results("flce_gemm_profile", {"whole_flce_graph_ms": whole,
         "env": benchlib.environment(), "shape": a.shape, "matmul_tflops": tflops_ceiling,
         "copy_gbs": copy_gbs, "rows": rows})
 
