@@ -74,36 +74,16 @@ def _logits(buf, hc, weight, bias):
     return out
 
 
-# Experimental (off): run the weight-gradient product on a side stream beside grad_hidden's.
-_OVERLAP = False
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device):
-    if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.get_device_module(device).Stream(device)
-    return _SIDE_STREAMS[device]
-
-
 def _accumulate(g, hc, weight, gh, gw, gb32, s, e, first, alpha=1.0):
     """Chunk ``s:e``'s share of the gradients from its logit gradient ``g``: ``grad_hidden[s:e] =
     alpha * g @ weight``, ``grad_weight (+)= alpha * g.T @ hidden[s:e]`` (``alpha`` applied in fp32
     inside the matmul, before the one rounding), and the fp32 bias sum ``gb32 += g.sum(0)``
     (unscaled: the caller applies ``alpha`` once at the end). beta=0 (what ``torch.mm`` does): the
     old contents are not read."""
-    if _OVERLAP and gh is not None and gw is not None and g.device.type != "cpu":
-        dev = torch.get_device_module(g.device)
-        main, side = dev.current_stream(), _side_stream(g.device)
-        side.wait_stream(main)
-        with dev.stream(side):
-            gw.addmm_(g.t(), hc, beta=0 if first else 1, alpha=alpha)
+    if gh is not None:
         gh[s:e].addmm_(g, weight, beta=0, alpha=alpha)
-        main.wait_stream(side)
-    else:
-        if gh is not None:
-            gh[s:e].addmm_(g, weight, beta=0, alpha=alpha)
-        if gw is not None:
-            gw.addmm_(g.t(), hc, beta=0 if first else 1, alpha=alpha)
+    if gw is not None:
+        gw.addmm_(g.t(), hc, beta=0 if first else 1, alpha=alpha)
     if gb32 is not None:
         if first:
             torch.sum(g, 0, dtype=torch.float32, out=gb32)
