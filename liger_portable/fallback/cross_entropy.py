@@ -133,6 +133,28 @@ def cross_entropy(
     return (loss, z) if return_z_loss else loss
 
 
+def _logit_chunks(hidden, weight, bias, chunk_bytes):
+    """``(rows, hidden[rows], logits of those rows)`` chunk by chunk: ``chunk_bytes`` of
+    compute-dtype logits per chunk, the logits in the inputs' dtype (upcast by ``ce_rows_torch``)."""
+    cd = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    step = chunk_rows(weight.shape[0], cd.itemsize, chunk_bytes)
+    for s in range(0, hidden.shape[0], step):
+        rows = slice(s, s + step)
+        hc = hidden[rows]
+        logits = hc @ weight.t()
+        yield rows, hc, logits if bias is None else logits + bias
+
+
+def _add_chunk_grads(g, hc, weight, rows, gh, gw, gb) -> None:
+    """A chunk's share of the gradients from its logit gradient ``g`` (in the inputs' dtype)."""
+    if gh is not None:
+        gh[rows] = g @ weight
+    if gw is not None:
+        gw += g.t() @ hc
+    if gb is not None:
+        gb += g.sum(0)
+
+
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction,
@@ -140,7 +162,6 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         want_h, want_w, _, want_b = ctx.needs_input_grad[:4]
         want = want_h or want_w or want_b
         n_rows = hidden.shape[0]
-        n_cols = weight.shape[0]
         cd = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         loss_rows = hidden.new_empty((n_rows,), dtype=cd)
         z_rows = hidden.new_empty((n_rows,), dtype=cd)
@@ -152,25 +173,14 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         gh = torch.zeros_like(hidden) if store and want_h else None
         gw = torch.zeros_like(weight) if store and want_w else None
         gb = torch.zeros_like(bias) if store and want_b else None
-        step = chunk_rows(n_cols, cd.itemsize, chunk_bytes)
-        for s in range(0, n_rows, step):
-            hc = hidden[s:s + step]
-            logits = hc @ weight.t()
-            if bias is not None:
-                logits = logits + bias
+        for rows, hc, logits in _logit_chunks(hidden, weight, bias, chunk_bytes):
             loss, zl, g = ce_rows_torch(
-                logits, target[s:s + step], ignore_index, label_smoothing, lse_square_scale, softcap, store
+                logits, target[rows], ignore_index, label_smoothing, lse_square_scale, softcap, store
             )
-            loss_rows[s:s + step] = loss
-            z_rows[s:s + step] = zl
+            loss_rows[rows] = loss
+            z_rows[rows] = zl
             if store:
-                g = g.to(hidden.dtype)
-                if gh is not None:
-                    gh[s:s + step] = g @ weight
-                if gw is not None:
-                    gw += g.t() @ hc
-                if gb is not None:
-                    gb += g.sum(0)
+                _add_chunk_grads(g.to(hidden.dtype), hc, weight, rows, gh, gw, gb)
         ctx.save_for_backward(hidden, weight, target, bias, count, gh, gw, gb)
         ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap, reduction)
         ctx.chunk_bytes = chunk_bytes
@@ -195,24 +205,11 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         gh = torch.zeros_like(hidden) if want_h else None
         gw = torch.zeros_like(weight) if want_w else None
         gb = torch.zeros_like(bias) if want_b else None
-        n_rows, n_cols = hidden.shape[0], weight.shape[0]
-        cd = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        step = chunk_rows(n_cols, cd.itemsize, ctx.chunk_bytes)
-        for s in range(0, n_rows, step):
-            hc = hidden[s:s + step]
-            logits = hc @ weight.t()
-            if bias is not None:
-                logits = logits + bias
+        for rows, hc, logits in _logit_chunks(hidden, weight, bias, ctx.chunk_bytes):
             _, _, g = ce_rows_torch(
-                logits, target[s:s + step], ignore_index, label_smoothing, lse_square_scale, softcap, True
+                logits, target[rows], ignore_index, label_smoothing, lse_square_scale, softcap, True
             )
-            g = (g * dloss[s:s + step, None].to(g.dtype)).to(hidden.dtype)
-            if gh is not None:
-                gh[s:s + step] = g @ weight
-            if gw is not None:
-                gw += g.t() @ hc
-            if gb is not None:
-                gb += g.sum(0)
+            _add_chunk_grads((g * dloss[rows, None].to(g.dtype)).to(hidden.dtype), hc, weight, rows, gh, gw, gb)
         return gh, gw, None, gb, None, None, None, None, None, None
 
 
