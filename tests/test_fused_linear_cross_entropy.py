@@ -389,3 +389,25 @@ def test_compile_fullgraph_gpu():
     loss.backward()
     for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3]), (bl.grad, ref[4])):
         assert rel_err(out, r) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_kernel_gpu_chunk_mib(poison, monkeypatch, reduction):
+    """``chunk_mib=8`` at V 50257: 80 tokens a chunk, 10 chunks of 777 tokens (the last one
+    short), eager and under torch.compile, against float64; the chunk sizes are checked too."""
+    sizes = []
+    real = fl_ops.ce_rows
+    monkeypatch.setattr(fl_ops, "ce_rows", lambda x, *a, **k: sizes.append(x.shape[0]) or real(x, *a, **k))
+    h, w, b, t = _inputs(777, 1024, 50257, torch.bfloat16, device=_gpu(), seed=11)
+    go = torch.randn(777, device=h.device) if reduction == "none" else torch.tensor(0.9, device=h.device)
+    ref = flce_reference(h, w, b, t, reduction=reduction, grad_out=go)
+    eager = lambda *a, **k: F.fused_linear_cross_entropy(*a, **k)  # noqa: E731
+    for fn in (eager, torch.compile(F.fused_linear_cross_entropy, fullgraph=True)):
+        sizes.clear()
+        hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+        loss = fn(hl, wl, t, bl, reduction=reduction, chunk_mib=8)
+        (loss * go).sum().backward()
+        assert sizes == ([80] * 9 + [57]) * (2 if reduction == "none" else 1)
+        for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3]), (bl.grad, ref[4])):
+            assert rel_err(out, r) <= TOL[torch.bfloat16]
