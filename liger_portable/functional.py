@@ -8,6 +8,7 @@ CPU tensors (and the ``cpu`` backend) run the pure-PyTorch fallback with the sam
 from __future__ import annotations
 
 import importlib.util
+import numbers
 
 import torch
 from torch.nn.modules import module as _nn_module
@@ -517,13 +518,15 @@ def cross_entropy(
     return _loss_result(loss, z, target, reduction, return_z_loss)
 
 
-def _check_chunk_mib(chunk_mib) -> None:
+def _check_chunk_mib(chunk_mib) -> int | None:
+    """``chunk_mib`` as a Python int (None stays None), or a ValueError naming it."""
     if chunk_mib is None:
-        return
-    if isinstance(chunk_mib, bool) or not isinstance(chunk_mib, int) or chunk_mib < 1:
+        return None
+    if isinstance(chunk_mib, bool) or not isinstance(chunk_mib, numbers.Integral) or chunk_mib < 1:
         raise ValueError(
             f"chunk_mib must be None (the device table's chunk) or a whole number of MiB >= 1, got {chunk_mib!r}"
         )
+    return int(chunk_mib)
 
 
 def fused_linear_cross_entropy(
@@ -589,7 +592,7 @@ def fused_linear_cross_entropy(
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     device = same_device(**tensors)
-    _check_chunk_mib(chunk_mib)
+    chunk_mib = _check_chunk_mib(chunk_mib)
     if weight.shape[0] == 0:
         raise ValueError("weight must have at least one class (its first dimension is 0)")
     _check_target_range(target, weight.shape[0], ignore_index)

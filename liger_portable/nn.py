@@ -238,8 +238,7 @@ class FusedLinearCrossEntropyLoss(_LossOptions):
         chunk_mib: int | None = None,
     ) -> None:
         super().__init__(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
-        F._check_chunk_mib(chunk_mib)
-        self.chunk_mib = chunk_mib
+        self.chunk_mib = F._check_chunk_mib(chunk_mib)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.chunk_mib is None else f", chunk_mib={self.chunk_mib}")

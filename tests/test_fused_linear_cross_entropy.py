@@ -129,6 +129,15 @@ def test_fallback_chunk_mib(monkeypatch, reduction):
         assert rel_err(out, r) <= 1e-5
 
 
+def test_chunk_mib_takes_any_integral():
+    np = pytest.importorskip("numpy")
+
+    h, w, b, t = _inputs(6, 8, 10, torch.float32)
+    ref = F.fused_linear_cross_entropy(h, w, t, chunk_mib=3)
+    assert torch.equal(F.fused_linear_cross_entropy(h, w, t, chunk_mib=np.int64(3)), ref)
+    assert type(lnn.FusedLinearCrossEntropyLoss(chunk_mib=np.int32(3)).chunk_mib) is int
+
+
 @pytest.mark.parametrize("bad", [0, -8, 1.5, True, "256"])
 def test_chunk_mib_must_be_a_positive_whole_number(bad):
     h, w, b, t = _inputs(4, 8, 10, torch.float32)

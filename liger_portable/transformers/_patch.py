@@ -273,7 +273,7 @@ def patch(
             changed when it raises.
     """
     _check_flags(cross_entropy, fused_linear_cross_entropy, rope=rope, rms_norm=rms_norm, swiglu=swiglu)
-    _F._check_chunk_mib(chunk_mib)
+    chunk_mib = _F._check_chunk_mib(chunk_mib)
     if chunk_mib is not None and not fused_linear_cross_entropy:
         raise ValueError("chunk_mib sets the fused linear cross-entropy's chunk; it needs fused_linear_cross_entropy=True")
     family = family_of(model)
