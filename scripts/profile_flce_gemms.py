@@ -121,46 +121,33 @@ def main() -> None:
         }
         # The two backward products read the same dlogits and write different outputs: on two
         # streams the weight-gradient product's grad_weight traffic could overlap the other's math.
-        side = torch.cuda.Stream()
-
         def both_serial():
             gh.addmm_(g, w, beta=0)
             gw.addmm_(g.t(), hc, beta=1)
 
         def both_streams():
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                gw.addmm_(g.t(), hc, beta=1)
-            gh.addmm_(g, w, beta=0)
-            torch.cuda.current_stream().wait_stream(side)
+            _accumulate_two_streams(g, hc, w, gh, gw, None, 0, c, first=False)
 
         timings["gh+gw_serial"] = benchlib.median_ms(both_serial)
         timings["gh+gw_two_streams"] = benchlib.median_ms(both_streams)
         timings["gh+gw_serial_graph"] = benchlib.graph_ms(both_serial)
         timings["gh+gw_two_streams_graph"] = benchlib.graph_ms(both_streams)
-        if a.skip_triton:
-            rows.append({"chunk_mib": mib, "tokens": c, "chunks": n_chunks, **timings})
-            for k, t in timings.items():
-                print(f"    {k:40s} {t:7.3f} ms  x{n_chunks} = {t * n_chunks:7.2f} ms")
-            del g, logits, gh
-            torch.cuda.empty_cache()
-            continue
-        # Triton prototype: check it against cuBLAS once, then time it.
-        ref = gw.float() + (g.t().float() @ hc.float())
-        for spec in a.triton_configs.split(";"):
-            bm, bn, bk, warps, stages, pre = (int(x) for x in spec.split(","))
-            name = f"gw_triton_{bm}x{bn}x{bk}_w{warps}_s{stages}_{'pre' if pre else 'post'}"
-            try:
-                out = gw.clone()
-                gw_triton(g, hc, out, 1.0, bm, bn, bk, warps, stages, pre, n_sm)
-                err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-                timings[name] = benchlib.median_ms(
-                    lambda: gw_triton(g, hc, out, 1.0, bm, bn, bk, warps, stages, pre, n_sm))
-                timings[name + "_relerr"] = err
-                del out
-            except Exception as e:  # noqa: BLE001 - a config that does not compile
-                print(f"  {name}: {type(e).__name__}: {str(e)[:200]}")
-        del ref
+        if not a.skip_triton:  # Triton prototype: check it against cuBLAS once, then time it.
+            ref = gw.float() + (g.t().float() @ hc.float())
+            for spec in a.triton_configs.split(";"):
+                bm, bn, bk, warps, stages, pre = (int(x) for x in spec.split(","))
+                name = f"gw_triton_{bm}x{bn}x{bk}_w{warps}_s{stages}_{'pre' if pre else 'post'}"
+                try:
+                    out = gw.clone()
+                    gw_triton(g, hc, out, 1.0, bm, bn, bk, warps, stages, pre, n_sm)
+                    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                    timings[name] = benchlib.median_ms(
+                        lambda: gw_triton(g, hc, out, 1.0, bm, bn, bk, warps, stages, pre, n_sm))
+                    timings[name + "_relerr"] = err
+                    del out
+                except Exception as e:  # noqa: BLE001 - a config that does not compile
+                    print(f"  {name}: {type(e).__name__}: {str(e)[:200]}")
+            del ref
         row = {"chunk_mib": mib, "tokens": c, "chunks": n_chunks, **timings}
         per_bt = {k: t * n_chunks for k, t in timings.items() if not k.endswith("relerr")}
         row["per_bt_ms"] = per_bt
