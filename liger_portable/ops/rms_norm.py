@@ -27,9 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved, resolve
+from .._configs import Resolved
 from .._dispatch import device_info
 from .._specs import next_pow2
+from ._launch import Launcher, plan, split_launch
 from ._tiles import _load_tile, _store_tile
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -195,67 +196,84 @@ def _block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
     return (block, True) if block <= block_n_max else (block_n_max, False)
 
 
+_launch_fwd = Launcher(_rms_norm_fwd_kernel)
+_launch_bwd = Launcher(_rms_norm_bwd_kernel)
+
+
+def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
+    """(grid, constexprs, launch options) of the forward for one problem."""
+    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    consts, opts = split_launch(cfg)
+    consts.update(BLOCK_N=block_n, SINGLE_PASS=single)
+    return (triton.cdiv(n_rows, cfg.meta["BLOCK_M"]),), consts, opts
+
+
+def _bwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
+    """(grid, constexprs, launch options, single pass) of the backward for one problem."""
+    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block_m = cfg.meta["BLOCK_M"]
+    n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
+    consts, opts = split_launch(cfg)
+    consts.update(BLOCK_N=block_n, SINGLE_PASS=single)
+    return (n_programs,), consts, opts, single
+
+
 def rms_norm_fwd(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
-    config: Resolved | None = None,
+    config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward on a 2-D ``x`` whose last dimension is contiguous.
 
-    ``config`` overrides the resolved launch config (the tuner and benchmarks use it).
+    ``config`` overrides the resolved launch config (the tuner and benchmarks use it); ``dev`` is
+    the :class:`~liger_portable.DeviceInfo` of ``x`` where the caller knows it.
     Returns ``(y, rstd)``: y contiguous in ``x.dtype``, rstd fp32 of shape ``(n_rows,)``.
     """
-    y, _, rstd = _fwd("rms_norm_fwd", x, None, weight, eps, offset, gemma, config)
+    y, _, rstd = _fwd("rms_norm_fwd", x, None, weight, eps, offset, gemma, config, dev)
     return y, rstd
 
 
 def fused_add_rms_norm_fwd(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
-    config: Resolved | None = None,
+    config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward of ``s = x + residual; y = rms_norm(s)`` in one pass; ``x`` and ``residual`` 2-D of one
     shape and dtype, each with a contiguous last dimension (row strides may differ).
 
     Returns ``(y, s, rstd)``: y and s contiguous in ``x.dtype``, rstd fp32 of shape ``(n_rows,)``.
     """
-    return _fwd("fused_add_rms_norm_fwd", x, residual, weight, eps, offset, gemma, config)
+    return _fwd("fused_add_rms_norm_fwd", x, residual, weight, eps, offset, gemma, config, dev)
 
 
-def _fwd(kernel, x, residual, weight, eps, offset, gemma, config):
+def _fwd(kernel, x, residual, weight, eps, offset, gemma, config, dev):
     n_rows, n_cols = x.shape
-    dev = device_info(x)
-    cfg = config or resolve(kernel, dev, (n_cols, n_rows), x.dtype)
-    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
-    block_m = cfg.meta["BLOCK_M"]
+    grid, consts, opts = plan(kernel, dev or device_info(x), (n_cols, n_rows), x.dtype, _fwd_plan, config)
     y = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     rstd = _empty((n_rows,), dtype=torch.float32, device=x.device)
     if residual is None:
-        s, fused = None, {}
+        s = None
+        kwargs = {**consts, "GEMMA": gemma}
     else:
         s = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)  # the row stride of y
-        fused = {"R": residual, "stride_r": residual.stride(0), "S": s, "HAS_RESIDUAL": True}
-    _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        x, y, weight, rstd,
-        x.stride(0), y.stride(0), n_rows, n_cols, eps, offset,
-        GEMMA=gemma, BLOCK_N=block_n, SINGLE_PASS=single, **fused, **cfg.launch,
-    )
+        kwargs = {**consts, "GEMMA": gemma, "R": residual, "stride_r": residual.stride(0), "S": s, "HAS_RESIDUAL": True}
+    _launch_fwd(grid, (x, y, weight, rstd, x.stride(0), y.stride(0), n_rows, n_cols, eps, offset), kwargs, opts)
     return y, s, rstd
 
 
 def rms_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float, gemma: bool,
-    config: Resolved | None = None,
+    config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension.
 
     ``config`` overrides the resolved launch config. Returns ``(dx, dweight)`` in the dtypes of
     ``x`` and ``weight``.
     """
-    return _bwd("rms_norm_bwd", dy, None, x, weight, rstd, offset, gemma, config)
+    return _bwd("rms_norm_bwd", dy, None, x, weight, rstd, offset, gemma, config, dev)
 
 
 def fused_add_rms_norm_bwd(
     dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-    offset: float, gemma: bool, config: Resolved | None = None,
+    offset: float, gemma: bool, config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Backward of the fused add + RMSNorm: ``dy`` the gradient of y, ``ds`` that of the sum output
     (None if the sum was not used), ``s`` and ``rstd`` saved by the forward.
@@ -263,69 +281,42 @@ def fused_add_rms_norm_bwd(
     Returns ``(dsum, dweight)``: ``dsum = rms_norm's dx + ds`` (added in fp32, rounded once) is the
     gradient of both ``x`` and ``residual``.
     """
-    return _bwd("fused_add_rms_norm_bwd", dy, ds, s, weight, rstd, offset, gemma, config)
+    return _bwd("fused_add_rms_norm_bwd", dy, ds, s, weight, rstd, offset, gemma, config, dev)
 
 
-def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config):
+def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev):
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
-    dev = device_info(x)
-    cfg = config or resolve(kernel, dev, (n_cols, n_rows), x.dtype)
-    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
-    block_m = cfg.meta["BLOCK_M"]
-    n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
+    grid, consts, opts, single = plan(kernel, dev or device_info(x), (n_cols, n_rows), x.dtype, _bwd_plan, config)
     dx = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     alloc = _empty if single else torch.zeros
-    dw_partial = alloc((n_programs, n_cols), dtype=torch.float32, device=x.device)
+    dw_partial = alloc((grid[0], n_cols), dtype=torch.float32, device=x.device)
     if ds is None:
-        fused = {}
+        kwargs = {**consts, "GEMMA": gemma}
     else:
         if ds.stride(-1) != 1:
             ds = ds.contiguous()
-        fused = {"DS": ds, "stride_ds": ds.stride(0), "HAS_DSUM": True}
-    _rms_norm_bwd_kernel[(n_programs,)](
-        dy, x, weight, rstd, dx, dw_partial,
-        dy.stride(0), x.stride(0), dx.stride(0), n_rows, n_cols, offset,
-        GEMMA=gemma, BLOCK_N=block_n, SINGLE_PASS=single, **fused, **cfg.launch,
+        kwargs = {**consts, "GEMMA": gemma, "DS": ds, "stride_ds": ds.stride(0), "HAS_DSUM": True}
+    _launch_bwd(
+        grid, (dy, x, weight, rstd, dx, dw_partial, dy.stride(0), x.stride(0), dx.stride(0), n_rows, n_cols, offset),
+        kwargs, opts,
     )
     dw = dw_partial.sum(0)
     return dx, dw if weight.dtype == torch.float32 else dw.to(weight.dtype)
 
 
 # --------------------------------------------------------------------------- autograd
-# Eager calls take a plain autograd.Function (the cheapest path on the host). Under torch.compile
-# the same launches run inside a custom op, which is opaque to the compiler: the launch code is
-# never traced, so a compiled model has no graph break here.
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps, offset, gemma):
-        y, rstd = rms_norm_fwd(x, weight, eps, offset, gemma)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.offset, ctx.gemma = offset, gemma
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd(dy, x, weight, rstd, ctx.offset, ctx.gemma)
-        return dx, dw, None, None, None
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool) -> torch.Tensor:
-    """Differentiable RMSNorm of a 2-D ``x`` with a contiguous last dimension."""
-    if torch.compiler.is_compiling():
-        return rms_norm_op(x, weight, eps, offset, gemma)[0]
-    return _RMSNormFunction.apply(x, weight, eps, offset, gemma)
+# Declared once: an autograd.Function whose forward and backward launch directly in eager mode
+# (the cheapest path on the host) and, under torch.compile, call the same launches as custom ops,
+# which the compiler does not trace into (no graph break).
 
 
 @torch.library.custom_op("liger_portable::rms_norm", mutates_args=())
 def rms_norm_op(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm of a 2-D ``x`` (rows x hidden, last dimension contiguous): ``(y, rstd)``."""
+    """RMSNorm forward of a 2-D ``x`` (rows x hidden, last dimension contiguous): ``(y, rstd)``."""
     return rms_norm_fwd(x, weight, eps, offset, gemma)
 
 
@@ -346,20 +337,31 @@ def _(dy, x, weight, rstd, offset, gemma):
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, _eps, offset, gemma = inputs
-    ctx.save_for_backward(x, weight, output[1])
-    ctx.offset, ctx.gemma = offset, gemma
-    ctx.mark_non_differentiable(output[1])
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, offset, gemma, dev):
+        if torch.compiler.is_compiling():
+            y, rstd = rms_norm_op(x, weight, eps, offset, gemma)
+        else:
+            y, rstd = rms_norm_fwd(x, weight, eps, offset, gemma, dev=dev)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.offset, ctx.gemma, ctx.dev = offset, gemma, dev
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        if torch.compiler.is_compiling():
+            dx, dw = rms_norm_backward_op(dy, x, weight, rstd, ctx.offset, ctx.gemma)
+        else:
+            dx, dw = rms_norm_bwd(dy, x, weight, rstd, ctx.offset, ctx.gemma, dev=ctx.dev)
+        return dx, dw, None, None, None, None
 
 
-def _backward(ctx, dy, _drstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = rms_norm_backward_op(dy, x, weight, rstd, ctx.offset, ctx.gemma)
-    return dx, dw, None, None, None
-
-
-rms_norm_op.register_autograd(_backward, setup_context=_setup_context)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool, dev=None) -> torch.Tensor:
+    """Differentiable RMSNorm of a 2-D ``x`` with a contiguous last dimension; ``dev`` is the
+    :class:`~liger_portable.DeviceInfo` of ``x`` where the caller has it (None: looked up)."""
+    return _RMSNormFunction.apply(x, weight, eps, offset, gemma, dev)
 
 
 # --------------------------------------------------------------------------- fused add + RMSNorm autograd
@@ -368,40 +370,11 @@ rms_norm_op.register_autograd(_backward, setup_context=_setup_context)
 # never writes into a gradient it hands on; AccumulateGrad copies one it cannot own).
 
 
-class _FusedAddRMSNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, residual, weight, eps, offset, gemma):
-        y, s, rstd = fused_add_rms_norm_fwd(x, residual, weight, eps, offset, gemma)
-        ctx.save_for_backward(s, weight, rstd)
-        ctx.offset, ctx.gemma = offset, gemma
-        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros read
-        return y, s
-
-    @staticmethod
-    def backward(ctx, dy, ds):
-        if dy is None:  # only the sum was used: its gradient passes through, the weight gets none
-            return ds, ds, None, None, None, None
-        s, weight, rstd = ctx.saved_tensors
-        dsum, dw = fused_add_rms_norm_bwd(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)
-        return dsum, dsum, dw, None, None, None
-
-
-def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Differentiable ``(rms_norm(x + residual), x + residual)`` of 2-D inputs with a contiguous
-    last dimension."""
-    if torch.compiler.is_compiling():
-        y, s, _ = fused_add_rms_norm_op(x, residual, weight, eps, offset, gemma)
-        return y, s
-    return _FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, gemma)
-
-
 @torch.library.custom_op("liger_portable::fused_add_rms_norm", mutates_args=())
 def fused_add_rms_norm_op(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused add + RMSNorm of 2-D ``x`` and ``residual``: ``(y, s, rstd)``."""
+    """Fused add + RMSNorm forward of 2-D ``x`` and ``residual``: ``(y, s, rstd)``."""
     return fused_add_rms_norm_fwd(x, residual, weight, eps, offset, gemma)
 
 
@@ -425,20 +398,34 @@ def _(dy, ds, s, weight, rstd, offset, gemma):
     return torch.empty_like(s, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
-def _fused_setup_context(ctx, inputs, output):
-    _x, _residual, weight, _eps, offset, gemma = inputs
-    _y, s, rstd = output
-    ctx.save_for_backward(s, weight, rstd)
-    ctx.offset, ctx.gemma = offset, gemma
-    ctx.mark_non_differentiable(rstd)
+class _FusedAddRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, offset, gemma, dev):
+        if torch.compiler.is_compiling():
+            y, s, rstd = fused_add_rms_norm_op(x, residual, weight, eps, offset, gemma)
+        else:
+            y, s, rstd = fused_add_rms_norm_fwd(x, residual, weight, eps, offset, gemma, dev=dev)
+        ctx.save_for_backward(s, weight, rstd)
+        ctx.offset, ctx.gemma, ctx.dev = offset, gemma, dev
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros read
+        return y, s
+
+    @staticmethod
+    def backward(ctx, dy, ds):
+        if dy is None:  # only the sum was used: its gradient passes through, the weight gets none
+            return ds, ds, None, None, None, None, None
+        s, weight, rstd = ctx.saved_tensors
+        if torch.compiler.is_compiling():
+            dsum, dw = fused_add_rms_norm_backward_op(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)
+        else:
+            dsum, dw = fused_add_rms_norm_bwd(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma, dev=ctx.dev)
+        return dsum, dsum, dw, None, None, None, None
 
 
-def _fused_backward(ctx, dy, ds, _drstd):
-    if dy is None:
-        return ds, ds, None, None, None, None
-    s, weight, rstd = ctx.saved_tensors
-    dsum, dw = fused_add_rms_norm_backward_op(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)
-    return dsum, dsum, dw, None, None, None
-
-
-fused_add_rms_norm_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
+    dev=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable ``(rms_norm(x + residual), x + residual)`` of 2-D inputs with a contiguous
+    last dimension."""
+    return _FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, gemma, dev)

@@ -1,0 +1,167 @@
+"""Launching a ``@triton.jit`` kernel with a resolved config, with Triton's per-call work cached.
+
+``kernel[grid](*args, **kwargs)`` binds and specialises every argument, builds a cache key string
+and looks the compiled kernel up on every call: about 20 us of host time per launch on an H200's
+host, two thirds of a launch. :class:`Launcher` does that work once per *specialisation* and then
+calls the compiled kernel's launcher directly.
+
+A specialisation is what Triton itself compiles a kernel for: the launch config (warps, stages,
+backend options, constexpr values), the current device, and per argument its dtype and 16-byte
+alignment (tensors), whether it equals 1, is a multiple of 16 and fits in 32 bits (integers), or
+its type (floats, None). The key here holds all of these, so a cached kernel is only ever reused
+for arguments Triton would have compiled the same kernel for; anything new takes Triton's own path
+once, which compiles (or finds) the kernel and is then cached.
+
+The direct path is used only where it is known to hold: a Triton whose ``JITFunction.run`` ends in
+``kernel.run(..., *bound_args.values())`` (checked at import), no launch hooks installed (profilers
+such as proton install them), no pre-run hooks, and a compiled kernel returned by the launch (the
+Triton interpreter returns none, so on the CPU every launch takes Triton's path).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+import triton
+
+from .. import _cache
+from .._configs import Resolved, resolve
+from .._platform import DeviceInfo, on_reset
+
+try:  # Triton >= 3.4: runtime knobs and the driver's current device and stream
+    from triton import knobs as _knobs
+    from triton.runtime.driver import driver as _driver
+    from triton.runtime.jit import JITFunction as _JITFunction
+
+    _SUPPORTED = "*bound_args.values()" in inspect.getsource(_JITFunction.run)
+except Exception:  # noqa: BLE001 - an older or changed Triton: always take Triton's own path
+    _SUPPORTED = False
+
+# False: every launch takes Triton's own path (benchmarks compare the two; tests check both).
+enabled: bool = True
+
+
+def _hooks_installed() -> bool:
+    rt = _knobs.runtime
+    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
+
+
+class Launcher:
+    """Launch one ``@triton.jit`` function: ``launcher(grid, args, consts, launch)``.
+
+    Args of a call:
+        grid: the launch grid, 1 to 3 ints.
+        args: the kernel's leading arguments, in order (tensors, ints, floats).
+        consts: the remaining arguments by name (constexpr values, and optional arguments placed
+            after the constexprs in the signature); arguments left out take their defaults.
+        launch: ``num_warps``, ``num_stages`` and backend options (a resolved config's ``launch``
+            minus its constexprs, which go in ``consts``).
+    """
+
+    __slots__ = ("fn", "_names", "_defaults", "_constexpr", "_cache")
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+        params = getattr(fn, "params", None)
+        if params is None:  # the interpreter's function: no cache is ever filled
+            self._names = ()
+            self._defaults = ()
+            self._constexpr = ()
+        else:
+            self._names = tuple(p.name for p in params)
+            self._defaults = tuple(
+                None if p.default is inspect.Parameter.empty else p.default for p in params
+            )
+            self._constexpr = tuple(bool(p.is_constexpr) for p in params)
+        self._cache: dict[tuple, tuple] = {}
+
+    def __call__(self, grid: tuple, args: tuple, consts: dict[str, Any], launch: dict[str, Any]) -> None:
+        if not (enabled and _SUPPORTED and self._names):
+            self.fn[grid](*args, **consts, **launch)
+            return
+        n = len(args)
+        values = list(args)
+        for i in range(n, len(self._names)):
+            values.append(consts.get(self._names[i], self._defaults[i]))
+        key = [id(launch), _driver.active.get_current_device()]
+        for v, is_const in zip(values, self._constexpr):
+            if is_const:
+                key.append(v)
+            elif isinstance(v, torch.Tensor):
+                key.append((v.dtype, v.data_ptr() & 15 == 0))
+            elif type(v) is int:
+                key.append((v == 1, v & 15 == 0, -0x80000000 <= v <= 0x7FFFFFFF))
+            else:
+                key.append(type(v))
+        key = tuple(key)
+        hit = self._cache.get(key)
+        if hit is None or hit[0] is not launch or _hooks_installed():
+            self._slow(key, grid, args, consts, launch)
+            return
+        _, run, function, packed, device = hit
+        g = grid + (1, 1)
+        run(g[0], g[1], g[2], _driver.active.get_current_stream(device), function, packed, None, None, None, *values)
+
+    def _slow(self, key: tuple, grid: tuple, args: tuple, consts: dict, launch: dict) -> None:
+        """Triton's own launch; the compiled kernel it returns is kept for this specialisation."""
+        compiled = self.fn[grid](*args, **consts, **launch)
+        if compiled is None or self.fn.pre_run_hooks or _hooks_installed():
+            return
+        try:
+            entry = (launch, compiled.run, compiled.function, compiled.packed_metadata, key[1])
+        except AttributeError:  # not a compiled kernel of the kind this path knows
+            return
+        # ``launch`` is held by the entry, so its id (part of the key) cannot be reused meanwhile.
+        self._cache[key] = entry
+
+
+# --------------------------------------------------------------------------- launch plans
+# A launch plan is what a kernel family's launch code derives from a resolved config and a problem
+# (grid, constexpr values, launch options). It is built once per (kernel, device, problem, dtype)
+# and memoized here, so an eager call costs one dictionary lookup before its launch. The memo is
+# dropped with the resolved configs (platform reset, a new tuned entry).
+
+_plans: dict[tuple, Any] = {}
+
+
+def _drop_plans() -> None:
+    _plans.clear()
+
+
+on_reset(_drop_plans)
+_cache.on_write(_drop_plans)
+
+
+def split_launch(cfg: Resolved) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A resolved config's launch keywords as (constexpr values, launch options)."""
+    consts = {k: v for k, v in cfg.launch.items() if k[:1].isupper()}
+    opts = {k: v for k, v in cfg.launch.items() if not k[:1].isupper()}
+    return consts, opts
+
+
+def plan(kernel: str, dev: DeviceInfo, problem: tuple, dtype: torch.dtype, build: Callable, config: Resolved | None = None):
+    """``build(cfg, dev, *problem)`` for the config :func:`resolve` picks, or for an explicit
+    ``config`` (the tuner, benchmarks); memoized either way."""
+    if config is not None:
+        # Keyed by the config object, held by the entry (its id cannot be reused meanwhile): the
+        # tuner launches one config many times while timing it.
+        key = (kernel, dev, problem, dtype, id(config))
+        hit = _plans.get(key)
+        if hit is None or hit[0] is not config:
+            hit = _plans[key] = (config, build(config, dev, *problem))
+        return hit[1]
+    key = (kernel, dev, problem, dtype)
+    hit = _plans.get(key)
+    if hit is None:
+        hit = _plans[key] = build(resolve(kernel, dev, problem, dtype), dev, *problem)
+    return hit
+
+
+def supported() -> bool:
+    """True if launches skip Triton's per-call binding (this Triton's launch path is the known one)."""
+    return _SUPPORTED and enabled
+
+
+__all__ = ["Launcher", "enabled", "plan", "split_launch", "supported"]
