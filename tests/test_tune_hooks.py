@@ -34,6 +34,8 @@ pytestmark = pytest.mark.interpreter
 
 EPS = _tune_hooks.EPS
 DEVICE_NAMES = sorted(SIMULATED_DEVICES)
+from liger_portable.ops import _launch as launch_ops  # noqa: E402
+
 OPS_MODULES = (rms_ops, ln_ops, glu_ops, rope_ops, ce_ops, flce_ops)
 
 # Tiny problems with odd sizes (the interpreter costs about 1 ms per program).
@@ -242,8 +244,9 @@ def test_hook_launches_exactly_the_config_and_tune_records(kernel, simulated_dev
         raise AssertionError(f"resolve{args[:1]} called while tuning: the hook must pass its config")
 
     monkeypatch.setattr(module, fn_name, spy)
-    for m in OPS_MODULES:
-        monkeypatch.setattr(m, "resolve", no_resolve)
+    for m in (*OPS_MODULES, launch_ops):  # every module that looks resolve up
+        if hasattr(m, "resolve"):
+            monkeypatch.setattr(m, "resolve", no_resolve)
     monkeypatch.setattr(_tune, "candidates", lambda k, d, n, _all=_tune.candidates: _all(k, d, n)[:2])
     times = iter([1.0, 0.8, 0.6])  # the table default, then the two candidates: the last wins
     outputs: list[tuple] = []
@@ -421,9 +424,11 @@ def test_equivalent_configs_launch_the_same_kernel(kernel, param, values, named,
     dev, spec = simulated_device, SPECS[kernel]
     module = LAUNCHERS[kernel][0]
     log: list = []
-    for name in dir(module):
+    for name, obj in list(vars(module).items()):
         if name.endswith("_kernel"):
             monkeypatch.setattr(module, name, _LaunchRecorder(name, log))
+        elif isinstance(obj, launch_ops.Launcher):  # the launchers hold their kernel
+            monkeypatch.setattr(obj, "fn", _LaunchRecorder(name, log))
     run = _tune_hooks.build_run(kernel, dev, named, torch.float32, timer=lambda fn: (fn(), 1.0)[1])
     base = _tune.default_config(kernel, dev, named)
     launches, groups = {}, {}
