@@ -31,6 +31,18 @@ def same_device(**tensors: torch.Tensor) -> torch.device:
     return t0.device
 
 
+def kernel_device(device: torch.device) -> DeviceInfo | None:
+    """The :class:`DeviceInfo` whose launch configs apply to tensors on ``device`` if they run the
+    Triton kernels (the simulated one for CPU tensors under :func:`simulate`), else None: the
+    PyTorch fallback. One call per public function: the device is worked out once."""
+    if device.type == "cpu":
+        return _SIMULATED
+    p = platform()
+    if p.backend == "cpu" or device.type != p.torch_device_type:
+        return None
+    return p.device(device.index)
+
+
 def use_kernels(device: torch.device) -> bool:
     """True if tensors on ``device`` run the Triton kernels, False for the PyTorch fallback."""
     if device.type == "cpu":

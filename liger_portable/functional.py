@@ -15,7 +15,7 @@ from torch.nn.modules import module as _nn_module
 
 from . import _dtensor, fallback
 from ._checks import KERNEL_DTYPES, check_choice, check_float, check_nonneg_number
-from ._dispatch import same_device, use_kernels
+from ._dispatch import kernel_device, same_device, use_kernels
 
 # Triton has Linux wheels only; without it every call takes the fallback.
 if importlib.util.find_spec("triton") is not None:
@@ -55,8 +55,20 @@ def _kernel_path(ops, device: torch.device, x: torch.Tensor) -> bool:
     return ops is not None and use_kernels(device) and x.dtype in KERNEL_DTYPES and x.numel() > 0
 
 
+def _kernel_device(ops, device: torch.device, x: torch.Tensor):
+    """The :class:`~liger_portable.DeviceInfo` a call on ``x`` launches the Triton kernels of ``ops``
+    with, or None for the fallback: Triton is present, ``device`` is the detected GPU backend's (or
+    simulated), the dtype has kernels and there is work to do. Under torch.compile None is passed
+    on instead (the custom ops look the device up themselves)."""
+    if ops is None or x.dtype not in KERNEL_DTYPES or x.numel() == 0:
+        return None
+    return kernel_device(device)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a 2-D (rows, last dim) tensor whose last dimension is contiguous (no copy if possible)."""
+    if x.dim() == 2 and x.stride(1) == 1:  # already rows: no view op (each costs host time)
+        return x
     x2d = x.reshape(-1, x.shape[-1])
     return x2d if x2d.stride(-1) == 1 else x2d.contiguous()
 
@@ -107,11 +119,11 @@ def rms_norm(
         return _dtensor.rowwise(
             lambda x, w: rms_norm(x, w, eps, offset=offset, casting_mode=casting_mode), [("x", x)], [("weight", weight)]
         )
-    device = same_device(x=x, weight=weight)
-    if not _kernel_path(_rms_norm_ops, device, x):
+    dev = _kernel_device(_rms_norm_ops, same_device(x=x, weight=weight), x)
+    if dev is None:
         return fallback.rms_norm(x, weight, eps, float(offset), casting_mode)
-    y = _rms_norm_ops.rms_norm(_rows(x), weight.contiguous(), eps, float(offset), casting_mode == "gemma")
-    return y.view(x.shape)
+    y = _rms_norm_ops.rms_norm(_rows(x), weight.contiguous(), eps, float(offset), casting_mode == "gemma", dev)
+    return y if x.dim() == 2 else y.view(x.shape)
 
 
 def layer_norm(
@@ -219,13 +231,13 @@ def fused_add_rms_norm(
             lambda x, r, w: fused_add_rms_norm(x, r, w, eps, offset=offset, casting_mode=casting_mode),
             [("x", x), ("residual", residual)], [("weight", weight)],
         )
-    device = same_device(x=x, residual=residual, weight=weight)
-    if not _kernel_path(_rms_norm_ops, device, x):
+    dev = _kernel_device(_rms_norm_ops, same_device(x=x, residual=residual, weight=weight), x)
+    if dev is None:
         return fallback.fused_add_rms_norm(x, residual, weight, eps, float(offset), casting_mode)
     y, s = _rms_norm_ops.fused_add_rms_norm(
-        _rows(x), _rows(residual), weight.contiguous(), eps, float(offset), casting_mode == "gemma"
+        _rows(x), _rows(residual), weight.contiguous(), eps, float(offset), casting_mode == "gemma", dev
     )
-    return y.view(x.shape), s.view(x.shape)
+    return (y, s) if x.dim() == 2 else (y.view(x.shape), s.view(x.shape))
 
 
 def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> torch.Tensor:
