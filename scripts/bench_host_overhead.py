@@ -1,0 +1,324 @@
+"""What one eager call costs a user: host time at tiny shapes, and eager time at the main shapes.
+
+Two measurements per op, for torch (its fused native op where one exists, else eager PyTorch),
+liger-kernel and liger-portable, side by side in one process, interleaved and repeated:
+
+* **host us**: microseconds of one forward + backward from Python at a tiny shape (16 rows), where
+  the GPU work is a few microseconds: the time is the host's (argument checks, dispatch, autograd,
+  allocations, kernel launches). The median over ``--repeats`` interleaved rounds, with the spread.
+* **eager ms** at the main shape (RMSNorm and LayerNorm 16384 x 4096, ...): forward + backward as a
+  training step calls it, host and GPU overlapping, beside the **graph ms** of the same step
+  replayed as one CUDA graph (GPU time alone, no host cost). Where eager is far above graph, the
+  call is host-bound at that shape.
+
+``--launch-ab`` adds liger-portable with the cached launcher switched off (every launch through
+Triton's own ``kernel[grid](...)``), to show what the launcher saves.
+
+    python scripts/bench_host_overhead.py [--ops rms_norm,layer_norm] [--repeats 7] [--launch-ab]
+
+Records (op, shape, impl, metric, value, spread) are printed as a table and written as JSON lines
+to ``$OUT/host_overhead.jsonl`` if ``OUT`` is set, else to ``--jsonl`` (default: next to this script,
+``results/host_overhead.jsonl``), for the results log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as TF
+
+from benchlib import environment, graph_ms
+
+from liger_portable import functional as F
+from liger_portable.ops import _launch
+
+DT = torch.bfloat16
+
+
+def _liger(path: str, name: str):
+    try:
+        module = __import__(path, fromlist=[name])
+        return getattr(module, name)
+    except Exception:  # noqa: BLE001 - the peer is optional
+        return None
+
+
+# --------------------------------------------------------------------------- ops
+# Each op: make(rows, dev) -> (inputs needing grad, extra tensors, impls: name -> step function).
+# A step runs forward + backward once; gradients are reset by the harness.
+
+
+def _rms_norm(rows: int, hidden: int, dev):
+    x = torch.randn(rows, hidden, device=dev, dtype=DT, requires_grad=True)
+    w = torch.rand(hidden, device=dev, dtype=DT, requires_grad=True)
+    dy = torch.randn_like(x)
+    impls = {
+        "F.rms_norm": lambda: TF.rms_norm(x, (hidden,), w, 1e-6).backward(dy),
+        "liger-portable": lambda: F.rms_norm(x, w, 1e-6).backward(dy),
+    }
+    fn = _liger("liger_kernel.ops.rms_norm", "LigerRMSNormFunction")
+    if fn is not None:
+        impls["liger-kernel"] = lambda: fn.apply(x, w, 1e-6, 0.0, "llama", False).backward(dy)
+    return (x, w), impls
+
+
+def _layer_norm(rows: int, hidden: int, dev):
+    x = torch.randn(rows, hidden, device=dev, dtype=DT, requires_grad=True)
+    w = torch.rand(hidden, device=dev, dtype=DT, requires_grad=True)
+    b = torch.rand(hidden, device=dev, dtype=DT, requires_grad=True)
+    dy = torch.randn_like(x)
+    impls = {
+        "F.layer_norm": lambda: TF.layer_norm(x, (hidden,), w, b, 1e-5).backward(dy),
+        "liger-portable": lambda: F.layer_norm(x, w, b, 1e-5).backward(dy),
+    }
+    fn = _liger("liger_kernel.ops.layer_norm", "LigerLayerNormFunction")
+    if fn is not None:
+        impls["liger-kernel"] = lambda: fn.apply(x, w, b, 1e-5).backward(dy)
+    return (x, w, b), impls
+
+
+def _fused_add_rms_norm(rows: int, hidden: int, dev):
+    x = torch.randn(rows, hidden, device=dev, dtype=DT, requires_grad=True)
+    r = torch.randn(rows, hidden, device=dev, dtype=DT, requires_grad=True)
+    w = torch.rand(hidden, device=dev, dtype=DT, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def torch_step():
+        s = x + r
+        TF.rms_norm(s, (hidden,), w, 1e-6).backward(dy)
+
+    def ours():
+        y, _s = F.fused_add_rms_norm(x, r, w, 1e-6)
+        y.backward(dy)
+
+    impls = {"add + F.rms_norm": torch_step, "liger-portable": ours}
+    fn = _liger("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction")
+    if fn is not None:
+        impls["liger-kernel"] = lambda: fn.apply(x, r, w, 1e-6, 0.0, "llama", False)[0].backward(dy)
+    return (x, r, w), impls
+
+
+def _glu(act: str):
+    def make(rows: int, hidden: int, dev):
+        a = torch.randn(rows, hidden, device=dev, dtype=DT, requires_grad=True)
+        b = torch.randn(rows, hidden, device=dev, dtype=DT, requires_grad=True)
+        dc = torch.randn_like(a)
+        if act == "swiglu":
+            eager = lambda: (TF.silu(a) * b).backward(dc)  # noqa: E731
+            ours = lambda: F.swiglu(a, b).backward(dc)  # noqa: E731
+            fn = _liger("liger_kernel.ops.swiglu", "LigerSiLUMulFunction")
+        else:
+            eager = lambda: (TF.gelu(a, approximate="tanh") * b).backward(dc)  # noqa: E731
+            ours = lambda: F.geglu(a, b).backward(dc)  # noqa: E731
+            fn = _liger("liger_kernel.ops.geglu", "LigerGELUMulFunction")
+        impls = {"eager": eager, "liger-portable": ours}
+        if fn is not None:
+            impls["liger-kernel"] = lambda: fn.apply(a, b).backward(dc)
+        return (a, b), impls
+
+    return make
+
+
+def _rope(rows: int, hidden: int, dev):
+    # rows = sequence length; 32 q heads, 8 k heads, head_dim 128, batch 1 (Llama-3-8B).
+    q = torch.randn(1, 32, rows, 128, device=dev, dtype=DT, requires_grad=True)
+    k = torch.randn(1, 8, rows, 128, device=dev, dtype=DT, requires_grad=True)
+    cos, sin = torch.randn(2, 1, rows, 128, device=dev, dtype=DT).unbind(0)
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+
+    def rot(t):
+        t1, t2 = t.chunk(2, dim=-1)
+        return torch.cat((-t2, t1), dim=-1)
+
+    def eager():
+        oq, ok = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+        torch.autograd.backward((oq, ok), (dq, dk))
+
+    def ours():
+        torch.autograd.backward(F.rope(q, k, cos, sin), (dq, dk))
+
+    impls = {"eager": eager, "liger-portable": ours}
+    fn = _liger("liger_kernel.ops.rope", "LigerRopeFunction")
+    if fn is not None:
+        impls["liger-kernel"] = lambda: torch.autograd.backward(fn.apply(q, k, cos, sin), (dq, dk))
+    return (q, k), impls
+
+
+def _cross_entropy(rows: int, vocab: int, dev):
+    x = torch.randn(rows, vocab, device=dev, dtype=DT, requires_grad=True)
+    t = torch.randint(0, vocab, (rows,), device=dev)
+    impls = {
+        "eager": lambda: TF.cross_entropy(x.float(), t).backward(),
+        "liger-portable": lambda: F.cross_entropy(x, t).backward(),
+    }
+    fn = _liger("liger_kernel.ops.cross_entropy", "LigerCrossEntropyFunction")
+    if fn is not None:
+        impls["liger-kernel"] = lambda: fn.apply(x, t, None, -100, 0.0, 0.0, "mean", None, False)[0].backward()
+    return (x,), impls
+
+
+def _flce(rows: int, vocab: int, dev, hidden: int = 4096):
+    h = torch.randn(rows, hidden, device=dev, dtype=DT, requires_grad=True)
+    w = (torch.randn(vocab, hidden, device=dev, dtype=DT) / hidden**0.5).requires_grad_()
+    t = torch.randint(0, vocab, (rows,), device=dev)
+    impls = {
+        "eager": lambda: TF.cross_entropy((h @ w.T).float(), t).backward(),
+        "liger-portable": lambda: F.fused_linear_cross_entropy(h, w, t).backward(),
+    }
+    fn = _liger("liger_kernel.ops.fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction")
+    if fn is not None:
+        def liger():
+            out = fn.apply(h, w, t)
+            (out[0] if isinstance(out, tuple) else out).backward()
+
+        impls["liger-kernel"] = liger
+    return (h, w), impls
+
+
+# op -> (make, tiny (rows, cols), main (rows, cols), what the shape means)
+OPS: dict[str, tuple[Callable, tuple, tuple, str]] = {
+    "rms_norm": (_rms_norm, (16, 4096), (16384, 4096), "rows x hidden"),
+    "layer_norm": (_layer_norm, (16, 4096), (16384, 4096), "rows x hidden"),
+    "fused_add_rms_norm": (_fused_add_rms_norm, (16, 4096), (16384, 4096), "rows x hidden"),
+    "swiglu": (_glu("swiglu"), (16, 4096), (16384, 14336), "rows x intermediate"),
+    "geglu": (_glu("geglu"), (16, 4096), (16384, 14336), "rows x intermediate"),
+    "rope": (_rope, (16, 128), (4096, 128), "seq x head_dim, 32 q + 8 k heads"),
+    "cross_entropy": (_cross_entropy, (16, 4096), (8192, 128256), "rows x vocab"),
+    "fused_linear_cross_entropy": (_flce, (16, 4096), (8192, 128256), "tokens x vocab, hidden 4096"),
+}
+
+
+def _zero(tensors) -> None:
+    for t in tensors:
+        t.grad = None
+
+
+def host_us(step: Callable, tensors, n: int) -> float:
+    """Microseconds per call of ``step`` (gradients reset each time), host-bound at tiny shapes."""
+
+    def run():
+        _zero(tensors)
+        step()
+
+    for _ in range(20):
+        run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        run()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def eager_ms(step: Callable, tensors, n: int) -> float:
+    """Milliseconds per forward + backward from Python, host and device overlapping."""
+    return host_us(step, tensors, n) / 1e3
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated, from: " + ", ".join(OPS))
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved rounds (median and spread over them)")
+    ap.add_argument("--calls", type=int, default=300, help="calls per host-cost measurement")
+    ap.add_argument("--main-calls", type=int, default=50, help="calls per eager measurement at the main shape")
+    ap.add_argument("--no-main", action="store_true", help="host cost only")
+    ap.add_argument("--launch-ab", action="store_true", help="also ours with the cached launcher off")
+    ap.add_argument("--jsonl", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "host_overhead.jsonl"))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a GPU")
+        return 1
+    dev = torch.device("cuda")
+    env = environment()
+    versions = {k: env.get(k) for k in ("torch", "triton", "liger_kernel", "python")}
+    versions["liger_portable"] = _commit()
+    print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  liger-kernel {env['liger_kernel']}  "
+          f"liger-portable {versions['liger_portable']}  cached launcher: {_launch.supported()}")
+    date = datetime.date.today().isoformat()
+    records: list[dict] = []
+
+    def record(op, shape, impl, metric, values, **extra):
+        med = statistics.median(values)
+        rec = {"date": date, "device": env["device"], "versions": versions, "op": op, "shape": shape,
+               "impl": impl, "metric": metric, "value": round(med, 4 if metric.endswith("ms") else 1),
+               "spread": [round(min(values), 4), round(max(values), 4)], "dtype": "bfloat16", **extra}
+        records.append(rec)
+        return med
+
+    for op in args.ops.split(","):
+        make, tiny, main_shape, meaning = OPS[op]
+        # ---- host cost at the tiny shape, interleaved rounds
+        tensors, impls = make(*tiny, dev)
+        if args.launch_ab:
+            ours = impls["liger-portable"]
+
+            def slow(ours=ours):
+                _launch.enabled = False
+                try:
+                    ours()
+                finally:
+                    _launch.enabled = True
+
+            impls["liger-portable (Triton launch)"] = slow
+        samples: dict[str, list[float]] = {k: [] for k in impls}
+        for _ in range(args.repeats):
+            for name, step in impls.items():
+                samples[name].append(host_us(step, tensors, args.calls))
+        shape = f"{tiny[0]}x{tiny[1]}"
+        print(f"\n{op}  host us per forward+backward at {shape} ({meaning}), median [min, max] of {args.repeats}")
+        for name, vals in samples.items():
+            med = record(op, shape, name, "host_us", vals)
+            print(f"  {name:<32} {med:8.1f}  [{min(vals):.1f}, {max(vals):.1f}]")
+        del tensors, impls
+        if args.no_main:
+            continue
+        # ---- eager and graph-replay ms at the main shape
+        torch.cuda.empty_cache()
+        tensors, impls = make(*main_shape, dev)
+        shape = f"{main_shape[0]}x{main_shape[1]}"
+        eager: dict[str, list[float]] = {k: [] for k in impls}
+        for _ in range(max(3, args.repeats // 2)):
+            for name, step in impls.items():
+                eager[name].append(eager_ms(step, tensors, args.main_calls))
+        print(f"{op}  forward+backward ms at {shape}: eager (host included) | graph replay (GPU only)")
+        for name, step in impls.items():
+            def graph_step(step=step):
+                _zero(tensors)
+                step()
+
+            g = graph_ms(graph_step)
+            med = record(op, shape, name, "fwd_bwd_eager_ms", eager[name])
+            if g == g:  # not nan
+                record(op, shape, name, "fwd_bwd_graph_ms", [g])
+            print(f"  {name:<32} {med:8.3f} | {g:8.3f}")
+        del tensors, impls
+        torch.cuda.empty_cache()
+
+    out = os.environ.get("OUT")
+    path = os.path.join(out, "host_overhead.jsonl") if out else args.jsonl
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    print(f"\n{len(records)} records -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
