@@ -570,10 +570,10 @@ def fused_linear_cross_entropy(
             :func:`cross_entropy`. ``reduction="none"`` recomputes the logits in the backward (one
             more ``BT x H x V`` product; the same memory).
         chunk_mib: MiB of logits per token chunk, the memory the op needs beyond the gradients
-            (None: the device table's, chosen memory-first, e.g. 128 MiB for an 8B model on an
-            H200). Each chunk reads and writes all of grad_weight once, so a larger chunk is faster
-            for its size in memory (H200, BT 8192, H 4096, V 128256: 46.6 ms at 128 MiB, 40.5 ms
-            at 1024 MiB). On the CPU fallback it is the MiB of float32 logits per chunk.
+            (None: the device table's, chosen memory-first). Each chunk reads and writes all of
+            grad_weight once, so a larger chunk is faster for the memory it takes (the measured
+            trade-off is in the results log). On the CPU fallback it is the MiB of float32 logits
+            per chunk.
 
     Returns:
         The loss in float32 (float64 for float64 inputs; as Hugging Face's loss from upcast

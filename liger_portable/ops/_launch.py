@@ -1,8 +1,7 @@
 """Launching a ``@triton.jit`` kernel with a resolved config, with Triton's per-call work cached.
 
 ``kernel[grid](*args, **kwargs)`` binds and specialises every argument, builds a cache key string
-and looks the compiled kernel up on every call: about 20 us of host time per launch on an H200's
-host, two thirds of a launch. :class:`Launcher` does that work once per *specialisation* and then
+and looks the compiled kernel up on every call, which is most of a launch's host time. :class:`Launcher` does that work once per *specialisation* and then
 calls the compiled kernel's launcher directly.
 
 A specialisation is what Triton itself compiles a kernel for: the launch config (warps, stages,
