@@ -42,9 +42,17 @@ except Exception:  # noqa: BLE001 - an older or changed Triton: always take Trit
 enabled: bool = True
 
 
+def _active(hook: Any) -> bool:
+    # Triton 3.5+ holds launch hooks in a HookChain that is never None; an empty one calls nothing.
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or bool(calls)
+
+
 def _hooks_installed() -> bool:
     rt = _knobs.runtime
-    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
+    return _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook)
 
 
 class Launcher:
