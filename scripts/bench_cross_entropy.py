@@ -10,7 +10,7 @@ the table's search space for the kernel alone.
 
     python scripts/bench_cross_entropy.py [--sweep] [--shapes 8192x128256 4096x256000 ...]
 
-Goal (issue 4, H200 bf16): 8192 x 128256 in <= 1.6 ms with <= 64 MiB extra.
+Goal (H200, bf16): 8192 x 128256 in <= 1.6 ms with <= 64 MiB extra.
 """
 
 from __future__ import annotations
@@ -19,12 +19,18 @@ import argparse
 
 import torch
 
-from benchlib import copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, write_results
+from benchlib import (
+    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, save_records,
+    sweep_records, timing_records,
+)
 
 import liger_portable
 from liger_portable import functional as F
 from liger_portable._configs import Limits, load_table, make_resolved, resolve, search_configs
 from liger_portable.ops import cross_entropy as ops
+
+
+IMPL = {"liger-portable (in place)": "liger-portable in place"}  # peer name -> the results log's impl name
 
 
 def torch_ce(x, t):
@@ -122,17 +128,20 @@ def main() -> None:
     ceiling = copy_bandwidth_gbs()
     env["copy_gbs"] = ceiling
     print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    payload = {"env": env, "args": vars(args)}
+    records = ceiling_records(copy_gbs=ceiling)
     if args.sweep:
-        payload["sweep"] = {f"{r}x{v}": sweep(r, v, dtype, ceiling) for r, v in shapes}
-        write_results("cross_entropy_sweep", payload)
+        for r, v in shapes:
+            records += sweep_records("cross_entropy", f"{r}x{v}", sweep(r, v, dtype, ceiling), dtype=args.dtype)
+        print(f"results: {save_records('cross_entropy_sweep', records)}")
         return
     rows = []
     for r, v in shapes:
         print(f"cross-entropy {r} x {v} {args.dtype} forward+backward")
         rows += bench_compare(r, v, dtype, ceiling)
-    payload["results"] = rows
-    write_results("cross_entropy_bench", payload)
+    for r in rows:
+        records += timing_records("cross_entropy", f"{r['rows']}x{r['V']}", IMPL.get(r["impl"], r["impl"]), r["ms"],
+                                  r["graph_ms"], pct=r["pct_copy"], peak_mib=r["peak_extra_mib"], dtype=args.dtype)
+    print(f"results: {save_records('cross_entropy_bench', records)}")
     print(markdown_table(
         ["shape", "impl", "eager median ms", "graph-replay ms", "% of copy (eager)", "peak extra MiB"],
         [[f"{r['rows']}x{r['V']}", r["impl"], f"{r['ms']:.3f}", f"{r['graph_ms']:.3f}", f"{r['pct_copy']:.0f}",

@@ -33,7 +33,8 @@ import argparse
 import torch
 
 from benchlib import (
-    copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile, write_results,
+    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile,
+    record, save_records, sweep_records, timing_records,
 )
 
 import liger_portable
@@ -50,6 +51,9 @@ KERNEL_PASSES = {"fused_add_rms_norm_fwd": 4, "fused_add_rms_norm_bwd": 4}
 # make a full sweep take minutes. So are num_stages variants of a single-pass forward, which has no
 # loop to pipeline. --all-points times them all.
 MAX_ELEMS_PER_THREAD = 64
+# peer name -> the results log's impl name
+IMPL = {"eager (HF)": "eager", "ours add + rms_norm": "liger-portable unfused", "ours fused": "liger-portable",
+        "liger-kernel fused": "liger-kernel"}
 
 
 def hf_add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,21 +247,27 @@ def main() -> None:
     ceiling = copy_bandwidth_gbs()
     env["copy_gbs"] = ceiling
     print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    payload = {"env": env, "args": vars(args), "bytes_counted": f"{PASSES} x rows x hidden x element size"}
+    records = ceiling_records(copy_gbs=ceiling)
     if args.sweep:
-        payload["sweep"] = {
-            h: sweep(h, args.rows, dtype, ceiling, args.kernels, args.all_points) for h in args.hidden
-        }
-        print(write_results("fused_add_rms_norm_sweep", payload))
+        for h in args.hidden:
+            for kernel, res in sweep(h, args.rows, dtype, ceiling, args.kernels, args.all_points).items():
+                records += sweep_records(kernel, f"{args.rows}x{h}", res, dtype=args.dtype)
+        print(f"results: {save_records('fused_add_rms_norm_sweep', records)}")
         return
     rows, alone = [], {}
     for h in args.hidden:
         print(f"fused add + RMSNorm {args.rows} x {h} {args.dtype} forward+backward ({PASSES} passes counted)")
         res, alone[h] = bench_compare(h, args.rows, dtype, ceiling)
         rows += res
-    payload["results"] = rows
-    payload["kernels_alone"] = alone
-    print(write_results("fused_add_rms_norm_bench", payload))
+    for r in rows:
+        records += timing_records("fused_add_rms_norm", f"{r['rows']}x{r['hidden']}", IMPL.get(r["impl"], r["impl"]),
+                                  r["ms"], r["graph_ms"], pct=r["pct_copy"], peak_mib=r["peak_extra_mib"],
+                                  dtype=args.dtype)
+    for h, a in alone.items():  # our two kernels alone, eager medians
+        for kernel in ("fwd", "bwd"):
+            records.append(record(f"fused_add_rms_norm_{kernel}", f"{args.rows}x{h}", "liger-portable", "kernel_ms",
+                                  a[f"{kernel}_ms"], pct_copy=round(a[f"{kernel}_pct_copy"], 1), dtype=args.dtype))
+    print(f"results: {save_records('fused_add_rms_norm_bench', records)}")
     table = markdown_table(
         ["shape", "impl", "eager median ms", "graph-replay ms", "GB/s (graph)", "% of copy (graph)", "peak extra MiB"],
         [[f"{r['rows']}x{r['hidden']}", r["impl"], f"{r['ms']:.3f}", f"{r['graph_ms']:.3f}",

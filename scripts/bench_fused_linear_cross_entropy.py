@@ -11,7 +11,7 @@ and peak extra memory (the gradients of hidden and weight included: every peer a
 
     python scripts/bench_fused_linear_cross_entropy.py [--sweep] [--chunk-mib 512,1024] [--shapes 8192x4096x128256 ...]
 
-Shapes are BT x H x V. Goal (issue 4, H200 bf16): 8192 x 4096 x 128256 in <= 38 ms with <= 1.2 GiB extra.
+Shapes are BT x H x V. Goal (H200, bf16): 8192 x 4096 x 128256 in <= 38 ms with <= 1.2 GiB extra.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ import argparse
 
 import torch
 
-from benchlib import environment, graph_ms, markdown_table, matmul_tflops, median_ms, peak_extra_mib, write_results
+from benchlib import (
+    ceiling_records, environment, graph_ms, markdown_table, matmul_tflops, median_ms, peak_extra_mib, save_records,
+    sweep_records, timing_records,
+)
 
 import liger_portable
 from liger_portable import functional as F
@@ -39,7 +42,7 @@ def peers(chunk_mibs: tuple[int, ...] = ()) -> dict:
         "liger-portable": lambda h, w, t: F.fused_linear_cross_entropy(h, w, t),
     }
     for mib in chunk_mibs:  # ours with more memory for speed (the user's chunk_mib)
-        fns[f"liger-portable {mib} MiB"] = lambda h, w, t, mib=mib: F.fused_linear_cross_entropy(h, w, t, chunk_mib=mib)
+        fns[f"liger-portable chunk_mib={mib}"] = lambda h, w, t, mib=mib: F.fused_linear_cross_entropy(h, w, t, chunk_mib=mib)
     try:
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
@@ -155,10 +158,12 @@ def main() -> None:
     ceiling = matmul_tflops()
     env["matmul_tflops"] = ceiling
     print(f"{env}\nbf16 matmul ceiling {ceiling:.0f} TFLOP/s")
-    payload = {"env": env, "args": vars(args)}
+    records = ceiling_records(tflops=ceiling)
     if args.sweep:
-        payload["sweep"] = {"x".join(map(str, s)): sweep(*s, dtype, ceiling) for s in shapes[:1]}
-        write_results("fused_linear_cross_entropy_sweep", payload)
+        for s in shapes[:1]:
+            records += sweep_records("fused_linear_cross_entropy", "x".join(map(str, s)), sweep(*s, dtype, ceiling),
+                                     dtype=args.dtype)
+        print(f"results: {save_records('fused_linear_cross_entropy_sweep', records)}")
         return
     rows = []
     for BT, H, V in shapes:
@@ -166,8 +171,11 @@ def main() -> None:
               f"(matmul floor {3 * 2 * BT * H * V / ceiling / 1e9:.1f} ms)")
         rows += bench_compare(BT, H, V, dtype, ceiling, args.skip_eager_over_gib,
                               tuple(int(m) for m in args.chunk_mib.split(",") if m))
-    payload["results"] = rows
-    write_results("fused_linear_cross_entropy_bench", payload)
+    for r in rows:
+        records += timing_records("fused_linear_cross_entropy", f"{r['BT']}x{r['H']}x{r['V']}", r["impl"], r["ms"],
+                                  r["graph_ms"], pct=r["pct_matmul"], pct_key="pct_matmul",
+                                  peak_mib=r["peak_extra_mib"], dtype=args.dtype)
+    print(f"results: {save_records('fused_linear_cross_entropy_bench', records)}")
     print(markdown_table(
         ["BT x H x V", "impl", "eager median ms", "graph-replay ms", "TFLOP/s", "% of matmul", "peak extra MiB"],
         [[f"{r['BT']}x{r['H']}x{r['V']}", r["impl"], f"{r['ms']:.2f}", f"{r['graph_ms']:.2f}", f"{r['tflops']:.0f}",

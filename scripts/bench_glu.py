@@ -42,7 +42,10 @@ import time
 
 import torch
 
-from benchlib import copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, write_results
+from benchlib import (
+    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, save_records,
+    sweep_records, timing_records,
+)
 
 import liger_portable
 from liger_portable import functional as F
@@ -224,13 +227,14 @@ def main() -> None:
     ceiling = copy_bandwidth_gbs()
     env["copy_gbs"] = ceiling
     print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    payload = {"env": env, "args": {k: v for k, v in vars(args).items()}}
+    records = ceiling_records(copy_gbs=ceiling)
     if args.sweep:
         rows, n = args.shapes[0]
         epp = None if args.all_points else (args.min_epp or 16 // dtype.itemsize, args.max_epp)
         budget = args.budget_s / len(args.kernels)
-        payload["sweep"] = sweep(args.kernels, rows, n, dtype, ceiling, epp, budget)
-        path = write_results("glu_sweep", payload)
+        for kernel, res in sweep(args.kernels, rows, n, dtype, ceiling, epp, budget).items():
+            records += sweep_records(kernel, f"{rows}x{n}", res, dtype=args.dtype)
+        path = save_records("glu_sweep", records)
         print(f"wrote {path} in {time.perf_counter() - t_start:.0f} s")
         return
     rows_out = []
@@ -239,8 +243,11 @@ def main() -> None:
             floor_ms = PASSES * rows * n * dtype.itemsize / ceiling / 1e6
             print(f"{op} {rows} x {n} {args.dtype} forward+backward (copy floor {floor_ms:.3f} ms)")
             rows_out += bench_compare(op, rows, n, dtype, ceiling)
-    payload["results"] = rows_out
-    path = write_results("glu_bench", payload)
+    for r in rows_out:
+        records += timing_records(r["op"], f"{r['rows']}x{r['n']}", r["impl"], r["ms"], r["graph_ms"],
+                                  pct=100 * r["gbs"] / ceiling, peak_mib=r["peak_extra_mib"],
+                                  dtype=args.dtype)
+    path = save_records("glu_bench", records)
     print(markdown_table(
         ["op", "shape", "impl", "eager median ms", "graph-replay ms", "GB/s (graph)", "% of copy (graph)",
          "peak extra MiB", "grad diff vs eager"],

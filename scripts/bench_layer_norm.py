@@ -18,7 +18,8 @@ import argparse
 import torch
 
 from benchlib import (
-    copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile, write_results,
+    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile,
+    save_records, sweep_records, timing_records,
 )
 
 import liger_portable
@@ -29,6 +30,7 @@ from liger_portable.ops import layer_norm as ops
 
 EPS = 1e-5
 GOAL_MS = {4096: 0.26}  # forward+backward, bf16, 16384 rows, graph replay
+IMPL = {"torch eager": "F.layer_norm"}  # peer name -> the results log's impl name
 
 
 def torch_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -166,25 +168,26 @@ def main() -> None:
     ceiling = copy_bandwidth_gbs()
     env["copy_gbs"] = ceiling
     print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    payload = {"env": env, "args": vars(args)}
+    records = ceiling_records(copy_gbs=ceiling)
     if args.sweep:
-        payload["sweep"] = {
-            h: sweep(h, args.rows, dtype, ceiling, args.kernels, args.max_per_thread) for h in args.hidden
-        }
-        print(write_results("layer_norm_sweep", payload))
+        for h in args.hidden:
+            for kernel, res in sweep(h, args.rows, dtype, ceiling, args.kernels, args.max_per_thread).items():
+                records += sweep_records(kernel, f"{args.rows}x{h}", res, dtype=args.dtype)
+        print(f"results: {save_records('layer_norm_sweep', records)}")
         return
     rows = []
     for h in args.hidden:
         print(f"LayerNorm {args.rows} x {h} {args.dtype} forward+backward (weight and bias)")
         rows += bench_compare(h, args.rows, dtype, ceiling)
-    payload["results"] = rows
     for h, goal in GOAL_MS.items():
         ours = [r for r in rows if r["impl"] == "liger-portable" and r["hidden"] == h and r["rows"] == 16384]
         if ours and dtype == torch.bfloat16:
             met = ours[0]["graph_ms"] <= goal
-            payload[f"goal_{h}"] = {"goal_ms": goal, "graph_ms": ours[0]["graph_ms"], "met": met}
             print(f"goal at 16384 x {h}: <= {goal} ms graph replay: {ours[0]['graph_ms']:.3f} ms, {'met' if met else 'NOT met'}")
-    print(write_results("layer_norm_bench", payload))
+    for r in rows:
+        records += timing_records("layer_norm", f"{r['rows']}x{r['hidden']}", IMPL.get(r["impl"], r["impl"]), r["ms"],
+                                  r["graph_ms"], pct=r["pct_copy"], peak_mib=r["peak_extra_mib"], dtype=args.dtype)
+    print(f"results: {save_records('layer_norm_bench', records)}")
     table = markdown_table(
         ["shape", "impl", "eager median ms", "graph-replay ms", "GB/s (graph)", "% of copy (graph)",
          "GB/s (eager)", "% of copy (eager)", "peak extra MiB"],

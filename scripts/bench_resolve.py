@@ -2,6 +2,7 @@
 
 Runs anywhere: on a GPU machine it resolves for device 0; elsewhere for a simulated H200.
 Also reports the host-side cost of one eager ``functional.rms_norm`` call when a GPU is present.
+The figures go to the results log as metric ``host_us`` (``$OUT/resolve.jsonl`` if OUT is set).
 
     python scripts/bench_resolve.py
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import timeit
 
 import torch
+
+from benchlib import record, save_records
 
 import liger_portable
 from liger_portable._configs import resolve
@@ -36,6 +39,10 @@ def main() -> None:
         lambda: (liger_portable.reset(), resolve("rms_norm_fwd", dev, (4096, 16384), torch.bfloat16)), number=200
     )
     print(f"resolve() cold (table lookup, cache files, validation): {t / 200 * 1e6:.1f} us/call")
+    shape = "rms_norm_fwd, 16384x4096"
+    note = None if p.backend != "cpu" else f"resolved for a simulated {dev.name}"
+    records = [record("resolve", f"{shape}, memo hit", "liger-portable", "host_us", per_call[2], note=note),
+               record("resolve", f"{shape}, cold", "liger-portable", "host_us", t / 200 * 1e6, note=note)]
     if p.backend != "cpu":
         from liger_portable import functional as F
 
@@ -47,10 +54,15 @@ def main() -> None:
         t = timeit.timeit(lambda: F.rms_norm(x, w), number=n)
         torch.cuda.synchronize()
         print(f"functional.rms_norm eager host overhead (16x4096, no grad): {t / n * 1e6:.1f} us/call")
+        records.append(record("rms_norm", "16x4096, forward without grad", "liger-portable", "host_us", t / n * 1e6,
+                              dtype="bfloat16"))
         xg = x.clone().requires_grad_()
         t = timeit.timeit(lambda: F.rms_norm(xg, w), number=n)
         torch.cuda.synchronize()
         print(f"functional.rms_norm eager host overhead (with autograd graph): {t / n * 1e6:.1f} us/call")
+        records.append(record("rms_norm", "16x4096, forward with autograd graph", "liger-portable", "host_us",
+                              t / n * 1e6, dtype="bfloat16"))
+    print(f"results: {save_records('resolve', records)}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ import argparse
 import torch
 
 from benchlib import (
-    copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile, write_results,
+    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile,
+    save_records, sweep_records, timing_records,
 )
 
 import liger_portable
@@ -26,6 +27,7 @@ from liger_portable._tune import candidates
 from liger_portable.ops import rms_norm as ops
 
 EPS = 1e-6
+IMPL = {"eager (HF)": "eager"}  # peer name -> the results log's impl name
 
 
 def hf_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -149,17 +151,21 @@ def main() -> None:
     ceiling = copy_bandwidth_gbs()
     env["copy_gbs"] = ceiling
     print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    payload = {"env": env, "args": vars(args)}
+    records = ceiling_records(copy_gbs=ceiling)
     if args.sweep:
-        payload["sweep"] = {h: sweep(h, args.rows, dtype, ceiling, args.kernels) for h in args.hidden}
-        write_results("rms_norm_sweep", payload)
+        for h in args.hidden:
+            for kernel, res in sweep(h, args.rows, dtype, ceiling, args.kernels).items():
+                records += sweep_records(kernel, f"{args.rows}x{h}", res, dtype=args.dtype)
+        print(f"results: {save_records('rms_norm_sweep', records)}")
         return
     rows = []
     for h in args.hidden:
         print(f"RMSNorm {args.rows} x {h} {args.dtype} forward+backward")
         rows += bench_compare(h, args.rows, dtype, ceiling)
-    payload["results"] = rows
-    write_results("rms_norm_bench", payload)
+    for r in rows:
+        records += timing_records("rms_norm", f"{r['rows']}x{r['hidden']}", IMPL.get(r["impl"], r["impl"]), r["ms"],
+                                  r["graph_ms"], pct=r["pct_copy"], peak_mib=r["peak_extra_mib"], dtype=args.dtype)
+    print(f"results: {save_records('rms_norm_bench', records)}")
     table = markdown_table(
         ["shape", "impl", "eager median ms", "graph-replay ms", "GB/s (graph)", "% of copy (graph)", "peak extra MiB"],
         [[f"{r['rows']}x{r['hidden']}", r["impl"], f"{r['ms']:.3f}", f"{r['graph_ms']:.3f}",

@@ -27,7 +27,8 @@ import argparse
 import torch
 
 from benchlib import (
-    copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile, write_results,
+    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile,
+    save_records, sweep_records, timing_records,
 )
 
 import liger_portable
@@ -41,6 +42,13 @@ SHAPES = {
     "8b": (2, 32, 8, 8192, 128),  # Llama-3-8B-like GQA at 8K tokens
     "hd64": (4, 32, 8, 4096, 64),
 }
+IMPL = {"eager (HF)": "eager"}  # peer name -> the results log's impl name
+
+
+def shape_name(shape: tuple) -> str:
+    """The results log's shape: "q 4x32x4096x128, k 4x8x4096x128" (batch x heads x seq x head_dim)."""
+    b, hq, hk, s, d = shape
+    return f"q {b}x{hq}x{s}x{d}, k {b}x{hk}x{s}x{d}"
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -192,18 +200,24 @@ def main() -> None:
     ceiling = copy_bandwidth_gbs()
     env["copy_gbs"] = ceiling
     print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    payload = {"env": env, "args": vars(args), "bytes": "4 x (q + k) bytes: fwd reads q, k, writes q_embed, k_embed; bwd reads their grads, writes dq, dk"}
+    records = ceiling_records(copy_gbs=ceiling)
     if args.sweep:
-        payload["sweep"] = {n: sweep(n, SHAPES[n], dtype, ceiling) for n in args.shapes}
-        write_results("rope_sweep", payload)
+        for n in args.shapes:
+            records += sweep_records("rope", shape_name(SHAPES[n]), sweep(n, SHAPES[n], dtype, ceiling), dtype=args.dtype)
+        print(f"results: {save_records('rope_sweep', records)}")
         return
     rows = []
     for n in args.shapes:
         b, hq, hk, s, d = SHAPES[n]
         print(f"RoPE {n}: q {b}x{hq}x{s}x{d}, k {b}x{hk}x{s}x{d} {args.dtype} (HF layout) forward+backward")
         rows += bench_compare(n, SHAPES[n], dtype, ceiling)
-    payload["results"] = rows
-    path = write_results("rope_bench", payload)
+    for r in rows:
+        shape = (r["batch"], r["q_heads"], r["k_heads"], r["seq"], r["head_dim"])
+        records += timing_records("rope", shape_name(shape), IMPL.get(r["impl"], r["impl"]), r["ms"], r["graph_ms"],
+                                  pct=100 * r["gbs_eager"] / ceiling, peak_mib=r["peak_extra_mib"],
+                                  dtype=args.dtype,
+                                  note="rotates q, k and their gradients in place" if r["impl"] == "liger-kernel" else None)
+    path = save_records("rope_bench", records)
     print(markdown_table(
         ["shape", "impl", "eager median ms", "graph-replay ms", "GB/s (graph)", "% of copy (graph)", "peak extra MiB"],
         [[f"q {r['batch']}x{r['q_heads']}x{r['seq']}x{r['head_dim']}, k {r['k_heads']} heads", r["impl"],

@@ -1,18 +1,23 @@
-"""Shared benchmark helpers: medians with device events, peak extra memory, measured ceilings.
+"""Shared benchmark helpers: medians with device events, peak extra memory, measured ceilings, and
+the records a benchmark leaves in the results log (``scripts/results_log.py``).
 
 Every benchmark measures its peers side by side in the same process and reports achieved
-bandwidth or FLOP/s against the ceilings measured in that same run (METHOD.md's way).
+bandwidth or FLOP/s against ceilings measured in that same run (the device-to-device copy
+bandwidth for memory-bound ops, the bf16 matmul rate for matmul-bound ones), so that a figure says
+how close it came to what that GPU did at that moment, and runs on different machines compare.
+
+Results: ``save_records(name, records)`` appends them to ``$OUT/<name>.jsonl`` if OUT is set (bring
+the file back and ``python scripts/results_log.py add`` it), else to ``scripts/results/log.jsonl``.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import platform as _pyplatform
+import math
 from typing import Callable
 
 import torch
+
+import results_log
 
 
 def median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 300) -> float:
@@ -77,34 +82,75 @@ def matmul_tflops(n: int = 8192) -> float:
     return 2 * n**3 / ms / 1e9
 
 
+_ENV: dict | None = None
+
+
+def env() -> dict:
+    """Date, device and versions of this run, for its records (taken once per process)."""
+    global _ENV
+    if _ENV is None:
+        _ENV = results_log.environment()
+    return _ENV
+
+
 def environment() -> dict:
-    import triton
-
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": _pyplatform.python_version(),
-    }
-    try:
-        import liger_kernel  # noqa: F401
-        from importlib.metadata import version
-
-        env["liger_kernel"] = version("liger-kernel")
-    except Exception:
-        env["liger_kernel"] = None
-    return env
+    """The same, flat, for the line a benchmark prints first."""
+    e = env()
+    return {"date": e["date"], "device": e["device"], **e["versions"]}
 
 
-def write_results(name: str, payload: dict) -> str:
-    """Write ``payload`` as JSON under $OUT (the device tool) or scripts/results/."""
-    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{name}.json")
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    return path
+def _sig(v: float, digits: int = 6) -> float:
+    return float(f"{v:.{digits}g}")
+
+
+def record(op: str, shape, impl: str, metric: str, value: float, **extra) -> dict:
+    """One results-log record of this run (see ``scripts/results_log.py``); floats kept to 6 digits."""
+    extra = {k: (_sig(v) if isinstance(v, float) else v) for k, v in extra.items()}
+    return results_log.record(op, shape, impl, metric, _sig(value), env=env(), **extra)
+
+
+def timing_records(op: str, shape, impl: str, ms: float, graph_ms: float = math.nan, *, pct: float | None = None,
+                   pct_key: str = "pct_copy", peak_mib: float | None = None, **extra) -> list[dict]:
+    """The records of one forward+backward timing: ``fwd_bwd_graph_ms`` (when the step could be
+    captured in a CUDA graph) and ``fwd_bwd_eager_ms``. ``pct`` is the eager time's share of the
+    ceiling in percent (``pct_key``: "pct_copy" or "pct_matmul"); the graph replay's is scaled by the
+    ratio of the times. The eager record carries ``extra["note"]`` only when there is no graph record."""
+    out = []
+    r1 = (lambda v: None if v is None else round(v, 1))
+    graph = graph_ms is not None and math.isfinite(graph_ms)
+    if pct is not None and not math.isfinite(pct):
+        pct = None
+    if graph:
+        out.append(record(op, shape, impl, "fwd_bwd_graph_ms", graph_ms, peak_mib=r1(peak_mib), **extra,
+                          **({pct_key: r1(pct * ms / graph_ms)} if pct is not None else {})))
+    eager_extra = extra if not graph else {k: v for k, v in extra.items() if k != "note"}
+    out.append(record(op, shape, impl, "fwd_bwd_eager_ms", ms, peak_mib=r1(peak_mib), **eager_extra,
+                      **({pct_key: r1(pct)} if pct is not None else {})))
+    return out
+
+
+def ceiling_records(copy_gbs: float | None = None, tflops: float | None = None) -> list[dict]:
+    """The ceilings measured in this run, as records (metrics ``gbs`` and ``tflops``)."""
+    out = []
+    if copy_gbs:
+        out.append(record("copy", "2 GiB bf16, device to device", "torch", "gbs", copy_gbs))
+    if tflops:
+        out.append(record("matmul", "8192x8192x8192 bf16", "torch", "tflops", tflops))
+    return out
+
+
+def sweep_records(kernel: str, shape, result: dict, **extra) -> list[dict]:
+    """A sweep's outcome for one kernel and shape (``{"default_ms", "default", "top": [(ms, ..., cfg)]}``):
+    the table default's time and the best point's, metric ``kernel_ms``, each with its config."""
+    best = result["top"][0]
+    return [record(kernel, shape, "liger-portable table default", "kernel_ms", result["default_ms"],
+                   config=str(result["default"]), **extra),
+            record(kernel, shape, "liger-portable best of sweep", "kernel_ms", best[0], config=str(best[-1]), **extra)]
+
+
+def save_records(name: str, records: list[dict]) -> str:
+    """Append ``records`` to ``$OUT/<name>.jsonl`` if OUT is set, else to the results log; returns the path."""
+    return results_log.save(records, name)
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:

@@ -69,7 +69,9 @@ from liger_portable._specs import SPECS  # noqa: E402
 
 @dataclass(frozen=True)
 class Target:
-    """A compile target and the limits a launch config must respect on it (facts.md)."""
+    """A compile target and the limits a launch config must respect on it, as the vendors document them
+    (the CUDA C++ Programming Guide's table of compute capabilities, AMD's CDNA and RDNA ISA references,
+    Intel's oneAPI GPU Optimization Guide)."""
 
     name: str  # the arch name the table sections match (sm90, gfx942, gfx1100, xe-hpc)
     backend: str  # table: cuda, rocm, xpu

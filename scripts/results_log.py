@@ -1,0 +1,514 @@
+"""The results log: every figure measured on a GPU, one JSON object a line, in scripts/results/log.jsonl.
+
+A record::
+
+    {"date": "2026-12-03", "device": "NVIDIA H200",
+     "versions": {"torch": "2.11.0+cu130", "triton": "3.6.0", "liger_kernel": "0.8.5", "liger_portable": "f65aadc"},
+     "op": "rms_norm", "shape": "16384x4096", "impl": "liger-portable",
+     "metric": "fwd_bwd_graph_ms", "value": 0.182,
+     "dtype": "bfloat16", "pct_copy": 87.1, "peak_mib": 132.0}
+
+Required: ``date`` (YYYY-MM-DD, UTC), ``device`` (the device name torch reports, or "cpu"), ``versions``
+(package -> version string; ``liger_portable`` is the git commit of the checkout, with ``+dirty`` when
+the package's files differ from it, or the installed version), ``op``, ``shape`` (a string such as
+"16384x4096", or a dict), ``impl`` ("liger-portable", "torch.compile", "liger-kernel", "eager",
+...), ``metric`` (the kind of figure: "fwd_bwd_graph_ms", "fwd_bwd_eager_ms", "kernel_ms",
+"host_us", "tokens_per_s", "warmup_s", "gpu_tests", ...) and ``value`` (a finite number). Any other
+key is an extra figure or remark: ``dtype``, ``peak_mib``, ``peak_gib``, ``pct_copy``, ``pct_matmul``,
+``note``, ``config``, ``source`` ...
+
+In Python (a benchmark script in scripts/ imports this module directly)::
+
+    import results_log
+    env = results_log.environment()            # date, device, versions of this machine, once
+    recs = [results_log.record("rms_norm", "16384x4096", "liger-portable", "fwd_bwd_graph_ms", 0.182,
+                               env=env, dtype="bfloat16", pct_copy=87.1)]
+    results_log.save(recs, "rms_norm_bench")   # $OUT/rms_norm_bench.jsonl if OUT is set, else the log
+    results_log.append(recs, path)             # validate, then append to any JSONL file (default: the log)
+
+From the shell::
+
+    python scripts/results_log.py add FILE.jsonl ...    # append records written elsewhere (e.g. under $OUT
+                                                         # on a GPU machine); exact duplicates are skipped
+    python scripts/results_log.py summary [--check]     # regenerate scripts/results/RESULTS.md (--check:
+                                                         # exit 1 if it is not up to date)
+    python scripts/results_log.py record pytest|check|warmup|demo|distributed FILE [--label L] [--shape S] [--out F]
+                                                         # records from the output of pytest -m gpu,
+                                                         # liger-portable check / warmup / demo --json,
+                                                         # distributed_check.py --json
+
+RESULTS.md shows the latest figure (latest date; on the same date, the later line of the log) for
+each op, shape, implementation and metric; the log keeps the history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable
+
+HERE = Path(__file__).resolve().parent
+LOG = HERE / "results" / "log.jsonl"
+RESULTS = HERE / "results" / "RESULTS.md"
+REQUIRED = ("date", "device", "versions", "op", "shape", "impl", "metric", "value")
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+# Package distributions whose versions a record carries when they are installed.
+_DISTS = {"torch": "torch", "triton": "triton", "liger_kernel": "liger-kernel", "transformers": "transformers",
+          "cut_cross_entropy": "cut-cross-entropy"}
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit (short), ``+dirty`` when the package's own files differ from it."""
+    root = HERE.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
+                                "liger_portable", "backends", "autotune_cache"],
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict:
+    """Versions of the packages a measurement depends on, those installed here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for key, dist in _DISTS.items():
+        try:
+            out[key] = version(dist)
+        except PackageNotFoundError:
+            continue
+    if "torch" in sys.modules:  # the running build's own string (a local build has no metadata)
+        out["torch"] = sys.modules["torch"].__version__
+    out["python"] = ".".join(map(str, sys.version_info[:3]))
+    commit = _git_commit()
+    if commit is None:
+        try:
+            commit = version("liger-portable")
+        except PackageNotFoundError:
+            commit = None
+    if commit:
+        out["liger_portable"] = commit
+    return out
+
+
+def device_name() -> str:
+    """The name of GPU 0 as torch reports it (CUDA and ROCm builds: torch.cuda; Intel: torch.xpu), else "cpu"."""
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return xpu.get_device_name(0)
+    return "cpu"
+
+
+def environment(device: str | None = None) -> dict:
+    """``{"date", "device", "versions"}`` of this machine now (UTC date)."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "device": device or device_name(), "versions": versions()}
+
+
+def record(op: str, shape, impl: str, metric: str, value: float, *, env: dict | None = None, **extra) -> dict:
+    """One record; ``env`` from :func:`environment` (taken now if None); extras that are None are left out."""
+    env = env or environment()
+    rec = {"date": env["date"], "device": env["device"], "versions": dict(env["versions"]),
+           "op": op, "shape": shape, "impl": impl, "metric": metric, "value": value}
+    rec.update({k: v for k, v in extra.items() if v is not None})
+    return validate(rec)
+
+
+def validate(rec: dict) -> dict:
+    """``rec`` if it is a valid record, else ValueError naming the field."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"a record is a JSON object, got {type(rec).__name__}")
+    missing = [k for k in REQUIRED if k not in rec]
+    if missing:
+        raise ValueError(f"record lacks {', '.join(missing)}: {rec}")
+    if not isinstance(rec["date"], str) or not _DATE.match(rec["date"]):
+        raise ValueError(f"date must be YYYY-MM-DD, got {rec['date']!r}")
+    for key in ("device", "op", "impl", "metric"):
+        if not isinstance(rec[key], str) or not rec[key].strip():
+            raise ValueError(f"{key} must be a non-empty string, got {rec[key]!r}")
+    if not isinstance(rec["shape"], (str, dict)) or not rec["shape"]:
+        raise ValueError(f"shape must be a non-empty string or dict, got {rec['shape']!r}")
+    if not isinstance(rec["versions"], dict) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in rec["versions"].items()):
+        raise ValueError(f"versions must map package names to version strings, got {rec['versions']!r}")
+    v = rec["value"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"value must be a finite number, got {v!r} ({rec['op']}, {rec['impl']}, {rec['metric']})")
+    try:
+        json.dumps(rec, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"record is not plain JSON ({e}): {rec}") from None
+    return rec
+
+
+def _line(rec: dict) -> str:
+    return json.dumps(rec, sort_keys=False, allow_nan=False, ensure_ascii=False)
+
+
+def _key(rec: dict) -> str:
+    """What makes two records the same: every field, whatever their order."""
+    return json.dumps(rec, sort_keys=True, allow_nan=False)
+
+
+def read(path: str | os.PathLike = LOG) -> list[dict]:
+    """The records of a JSONL file, each validated (errors name the file and line)."""
+    out = []
+    path = Path(path)
+    if not path.exists():
+        return out
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(validate(json.loads(line)))
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: {e}") from None
+    return out
+
+
+def append(records: Iterable[dict], path: str | os.PathLike = LOG) -> int:
+    """Validate every record, then append them to ``path`` (created if missing). Returns how many."""
+    records = [validate(r) for r in records]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for r in records:
+            f.write(_line(r) + "\n")
+    return len(records)
+
+
+def save(records: Iterable[dict], name: str) -> str:
+    """Where a benchmark puts its records: appended to ``$OUT/<name>.jsonl`` when OUT is set (a run on
+    another machine: bring the file back and ``add`` it), else to the log. Returns the path."""
+    out = os.environ.get("OUT")
+    path = Path(out) / f"{name}.jsonl" if out else LOG
+    append(records, path)
+    return str(path)
+
+
+def add(sources: Iterable[str | os.PathLike], path: str | os.PathLike = LOG) -> tuple[int, int]:
+    """Append the records of ``sources`` to ``path``, skipping exact duplicates (of the log or of each
+    other). Every source is read and validated before anything is written. Returns (added, skipped)."""
+    seen = {_key(r) for r in read(path)}
+    new, skipped = [], 0
+    for src in sources:
+        for r in read(src):
+            k = _key(r)
+            if k in seen:
+                skipped += 1
+                continue
+            seen.add(k)
+            new.append(r)
+    append(new, path)
+    return len(new), skipped
+
+
+# --------------------------------------------------------------------------- records from tool output
+
+
+def from_output(kind: str, text: str, env: dict, label: str | None = None, shape: str | None = None) -> list[dict]:
+    """Records from the output of ``pytest -m gpu`` (kind "pytest"), ``liger-portable check``
+    ("check"), ``liger-portable warmup MODEL`` ("warmup"), ``liger-portable demo --json`` ("demo")
+    or the JSON file of ``scripts/distributed_check.py --json`` ("distributed"). ``label`` is put
+    before the shape (for a warmup: the model); ``shape`` replaces it."""
+    def where(default: str) -> str:  # the records' shape
+        s = shape or default
+        return f"{label}: {s}" if label else s
+
+    if kind == "pytest":
+        m = re.findall(r"=+ (.*?) in ([\d.]+)s", text)
+        if not m:
+            return []
+        summary, secs = m[-1]
+        counts = {w: int(n) for n, w in re.findall(r"(\d+) (passed|failed|errors?|skipped)", summary)}
+        return [record("gpu_tests", where("pytest -m gpu tests/"), "liger-portable", "gpu_tests",
+                       counts.get("passed", 0), env=env, duration_s=float(secs),
+                       failed=counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0))]
+    if kind == "check":
+        passed, failed = len(re.findall(r"^\s+PASS\s", text, re.M)), len(re.findall(r"^\s+FAIL\s", text, re.M))
+        if not passed + failed:
+            return []
+        return [record("check", where("every kernel against float64"), "liger-portable", "check_passed", passed,
+                       env=env, failed=failed)]
+    if kind == "warmup":
+        m = re.search(r"warmup of (\d+) problems on (.+?): ([\d.]+) s", text)
+        if not m:
+            return []
+        return [record("autotune_warmup", where(f"{m.group(1)} problems"), "liger-portable", "warmup_s",
+                       float(m.group(3)), env=env)]
+    if kind == "distributed":
+        d = json.loads(text)
+        ok = sum(1 for r in d["results"] if r["ok"])
+        return [record("distributed_check", where(f"{d['meta']['world']} processes, {d['meta']['backend']}"),
+                       "liger-portable", "checks_passed", ok, env=env, failed=len(d["results"]) - ok)]
+    if kind == "demo":
+        d = json.loads(text[text.index("{"):])
+        c = d["config"]
+        model = where(f"Llama-style, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['batch']}x{c['seq']}")
+        out = []
+        for key, impl in (("hf", "hugging-face"), ("patched", "liger-portable")):
+            peak = d["peak_memory_bytes"].get(key)
+            note = None
+            if key == "patched":
+                note = (f"loss check over the first {d['compared_steps']} steps: {d['max_rel_loss_diff']:.1e} of the "
+                        f"loss (tolerance {d['rel_tolerance']:g}): {'OK' if d['ok'] else 'FAILED'}")
+            out.append(record("demo", model, impl, "tokens_per_s", round(d["tokens_per_s"][key], 1), env=env,
+                              dtype=c["dtype"], peak_gib=round(peak / 2**30, 3) if peak else None,
+                              vs_hf=round(d["tokens_per_s"][key] / d["tokens_per_s"]["hf"], 3), note=note))
+        return out
+    raise ValueError(f"unknown kind {kind!r}: pytest, check, warmup, distributed or demo")
+
+
+# --------------------------------------------------------------------------- summary
+
+METRICS = {  # metric: what it means (the order of the sections in RESULTS.md)
+    "fwd_bwd_graph_ms": "Forward + backward, the whole step captured in one CUDA graph and replayed (GPU time, "
+                        "without the host's launch cost), median ms. In brackets: % of the copy bandwidth "
+                        "(memory-bound ops) or of the bf16 matmul rate (fused linear cross-entropy) measured "
+                        "in the same run; then the peak memory beyond the inputs (for the fused linear "
+                        "cross-entropy also beyond the gradients a training step holds anyway).",
+    "fwd_bwd_eager_ms": "The same step called from Python, median ms. Small steps are host-bound on a slow host "
+                        "(a Triton launch costs more host time than an aten one), so these move between runs; "
+                        "peers that cannot be captured in a CUDA graph appear only here.",
+    "tokens_per_s": "Training throughput: tokens a step over the median step time after warm-up steps; peak "
+                    "memory is max_memory_allocated over the run; vs Hugging Face's tokens/s.",
+    "device_ms_per_step": "Device time of one training step by kind of kernel (torch.profiler).",
+    "kernel_graph_ms": "One kernel alone, CUDA-graph replays, median ms.",
+    "kernel_ms": "One kernel alone, called from Python (triton.testing.do_bench), median ms.",
+    "gemm_ms": "The fused linear cross-entropy's matrix products, each timed alone and summed over the "
+               "chunks of one step, ms.",
+    "warmup_s": "`liger-portable warmup`: wall time to tune every kernel problem of one training step from an "
+                "empty cache, s.",
+    "gpu_tests": "`pytest -m gpu`: tests passed (failed).",
+    "checks_passed": "`scripts/distributed_check.py` under torchrun: checks passed (failed).",
+    "check_passed": "`liger-portable check`: cases passed (failed).",
+    "host_us": "Host time a call, microseconds.",
+    "gbs": "Measured ceiling: device-to-device copy bandwidth, GB/s (bytes read plus bytes written).",
+    "tflops": "Measured ceiling: bf16 matrix-product rate, TFLOP/s.",
+}
+_IMPLS = ["liger-portable", "liger-portable in place", "liger-portable chunk_mib=512",
+          "liger-portable chunk_mib=1024", "liger-portable unfused", "torch.compile", "liger-kernel",
+          "cut-cross-entropy", "F.rms_norm", "F.layer_norm", "hugging-face", "eager"]
+_OPS = ["rms_norm", "layer_norm", "fused_add_rms_norm", "swiglu", "geglu", "rope", "cross_entropy",
+        "fused_linear_cross_entropy", "train_step", "demo"]
+
+
+def _shape_str(shape) -> str:
+    return shape if isinstance(shape, str) else ", ".join(f"{k}={v}" for k, v in shape.items())
+
+
+def _natural(s: str) -> list:
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", s) if t]
+
+
+def _order(name: str, known: list[str]) -> tuple:
+    return (known.index(name), "") if name in known else (len(known), name)
+
+
+def _num(v: float) -> str:
+    """Digits by magnitude (0.0645, 0.182, 1.587, 46.60, 184.6, 63,443), fewer when the value has fewer."""
+    a = abs(v)
+    if isinstance(v, int) or a >= 1000:
+        return f"{v:,.0f}"
+    s = f"{v:.{1 if a >= 100 else 2 if a >= 10 else 3 if a >= 0.1 else 4}f}"
+    short = repr(float(v)).removesuffix(".0")
+    return short if "e" not in short and len(short) < len(s) else s
+
+
+def _cell(r: dict, memory: bool = True) -> str:
+    s = _num(r["value"])
+    for key in ("pct_copy", "pct_matmul"):
+        if key in r:
+            s += f" ({r[key]:.0f}%)"
+    if "failed" in r:
+        s += f" ({r['failed']} failed)"
+    if "vs_hf" in r and r["impl"] != "hugging-face":
+        s += f" x{r['vs_hf']:.2f}"
+    if "peak_mib" in r and memory:
+        s += f", {r['peak_mib']:,.0f} MiB"
+    if "peak_gib" in r and memory:
+        s += f", {r['peak_gib']:.1f} GiB"
+    return s
+
+
+def _env_str(device: str, versions: dict) -> str:
+    first = ["torch", "triton", "python", "liger_kernel", "transformers", "cut_cross_entropy", "liger_portable"]
+    keys = sorted(versions, key=lambda k: _order(k, first))
+    return f"{device}; " + ", ".join(f"{k} {versions[k]}" for k in keys if versions[k] is not None)
+
+
+def latest(records: list[dict]) -> dict:
+    """(device, op, shape, impl, metric) -> the latest record: latest date; on the same date, the later line."""
+    out = {}
+    for r in records:
+        k = (r["device"], r["op"], _shape_str(r["shape"]), r["impl"], r["metric"])
+        if k not in out or r["date"] >= out[k]["date"]:
+            out[k] = r
+    return out
+
+
+def _notes(notes: list[tuple[str, str, str]], cells: list[tuple[str, str]]) -> list[str]:
+    """Lines for the notes of a table's cells ((row, column, note)), each note once: for the whole
+    table, a column, a row, or the cells it belongs to."""
+    out = []
+    for note in dict.fromkeys(n for _, _, n in notes):
+        mine = [(a, b) for a, b, n in notes if n == note]
+        cols, rows = {b for _, b in mine}, {a for a, _ in mine}
+        if cells and set(mine) == set(cells):
+            out.append(f"- {note}")
+        elif cells and len(cols) == 1 and len(mine) == sum(1 for c in cells if c[1] in cols) and len(mine) > 1:
+            out.append(f"- {mine[0][1]}: {note}")
+        elif cells and len(rows) == 1 and len(mine) == sum(1 for c in cells if c[0] in rows) and len(mine) > 1:
+            out.append(f"- {mine[0][0]}: {note}")
+        else:
+            out.append(f"- {'; '.join(f'{a}, {b}' for a, b in mine)}: {note}")
+    return [""] + out if out else []
+
+
+def summary_text(records: list[dict]) -> str:
+    lines = ["# Measured results", "",
+             "<!-- Generated from log.jsonl by scripts/results_log.py: do not edit; regenerate with "
+             "`python scripts/results_log.py summary`. -->", ""]
+    if not records:
+        return "\n".join(lines + ["The log holds no records yet.", ""])
+    dates = sorted(r["date"] for r in records)
+    best = list(latest(records).values())
+    envs: dict[str, str] = {}
+    for r in sorted(best, key=lambda r: (r["date"], _env_str(r["device"], r["versions"]))):
+        envs.setdefault(_env_str(r["device"], r["versions"]), f"E{len(envs) + 1}")
+
+    def env(r: dict) -> str:
+        return envs[_env_str(r["device"], r["versions"])]
+
+    lines += [f"Generated from [`log.jsonl`](log.jsonl), {len(records)} records from {dates[0]} to {dates[-1]}: "
+              "the latest figure for each device, op, shape, implementation and metric (latest date; on the same "
+              "date, the later line of the log). The log keeps every earlier figure. Add records with "
+              "`python scripts/results_log.py add FILE.jsonl`; regenerate this file with "
+              "`python scripts/results_log.py summary`.", "",
+              "Environments (device; versions; `liger_portable` is the commit measured, where known):", ""]
+    lines += [f"- **{label}**: {e}" for e, label in envs.items()]
+    for metric in sorted({r["metric"] for r in best}, key=lambda m: _order(m, list(METRICS))):
+        lines += ["", f"## {metric}"]
+        if metric in METRICS:
+            lines += ["", METRICS[metric]]
+        memory = metric != "fwd_bwd_eager_ms"  # the same memory as the graph-replay table
+        recs = [r for r in best if r["metric"] == metric]
+        ops = sorted({r["op"] for r in recs}, key=lambda o: _order(o, _OPS))
+        single = []  # ops measured for one implementation only: one table for all of them
+        for op in ops:
+            mine = [r for r in recs if r["op"] == op]
+            impls = sorted({r["impl"] for r in mine}, key=lambda i: _order(i, _IMPLS))
+            if len(impls) == 1:
+                single += mine
+                continue
+            rows = sorted({(_shape_str(r["shape"]), r["device"]) for r in mine}, key=lambda t: (_natural(t[0]), t[1]))
+            by = {(_shape_str(r["shape"]), r["device"], r["impl"]): r for r in mine}
+            lines += ["", f"### {op}", "", "| shape | " + " | ".join(impls) + " | date | env |",
+                      "|" + "---|" * (len(impls) + 3)]
+            notes = []  # (shape, impl, note)
+            for shape, device in rows:
+                row = [by.get((shape, device, i)) for i in impls]
+                present = [r for r in row if r]
+                first = max(r["date"] for r in present)
+                date = first + "".join(f"; {i}: {r['date']}" for i, r in zip(impls, row) if r and r["date"] != first)
+                es = sorted({env(r) for r in present}, key=_natural)
+                lines.append(f"| {shape} | " + " | ".join(_cell(r, memory) if r else "" for r in row)
+                             + f" | {date} | {', '.join(es)} |")
+                notes += [(shape, r["impl"], r["note"]) for r in present if r.get("note")]
+            lines += _notes(notes, [(_shape_str(r["shape"]), r["impl"]) for r in mine])
+        if single:
+            single.sort(key=lambda r: (_order(r["op"], _OPS), r["op"], _natural(_shape_str(r["shape"])), r["device"]))
+            lines += ["", "| op | shape | impl | value | date | env |", "|---|---|---|---|---|---|"]
+            lines += [f"| {r['op']} | {_shape_str(r['shape'])} | {r['impl']} | {_cell(r, memory)} | {r['date']} | "
+                      f"{env(r)} |" for r in single]
+            lines += _notes([(r["op"], _shape_str(r["shape"]), r["note"]) for r in single if r.get("note")], [])
+    return "\n".join(lines) + "\n"
+
+
+def summary(path: str | os.PathLike = LOG, out: str | os.PathLike = RESULTS) -> str:
+    """Regenerate ``out`` from the log at ``path``; returns the text."""
+    text = summary_text(read(path))
+    Path(out).write_text(text, encoding="utf-8")
+    return text
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log", default=str(LOG), help="the log (default scripts/results/log.jsonl)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("add", parents=[common], help="append the records of JSONL files, skipping exact duplicates")
+    a.add_argument("files", nargs="+")
+    s = sub.add_parser("summary", parents=[common], help="regenerate RESULTS.md from the log")
+    s.add_argument("--out", default=str(RESULTS))
+    s.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is not up to date")
+    r = sub.add_parser("record", parents=[common], help="records from a tool's output: pytest, check, warmup, demo (--json), "
+                                      "distributed (--json)")
+    r.add_argument("kind", choices=["pytest", "check", "warmup", "demo", "distributed"])
+    r.add_argument("file")
+    r.add_argument("--label", help="put before the shape (a warmup: the model)")
+    r.add_argument("--shape", help="the records' shape instead of the default (e.g. the tests run)")
+    r.add_argument("--out", help="append them here (default: $OUT/<kind>.jsonl if OUT is set, else the log)")
+    args = ap.parse_args(argv)
+    if args.cmd == "add":
+        added, skipped = add(args.files, args.log)
+        print(f"{args.log}: {added} records added, {skipped} duplicates skipped")
+    elif args.cmd == "summary":
+        text = summary_text(read(args.log))
+        if args.check:
+            current = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""
+            if current != text:
+                print(f"{args.out} is not up to date: run python scripts/results_log.py summary")
+                return 1
+            print(f"{args.out} is up to date")
+        else:
+            Path(args.out).write_text(text, encoding="utf-8")
+            print(f"wrote {args.out}")
+    else:
+        recs = from_output(args.kind, Path(args.file).read_text(encoding="utf-8", errors="replace"), environment(),
+                           args.label, args.shape)
+        if not recs:
+            print(f"no {args.kind} result found in {args.file}")
+            return 1
+        if args.out:
+            append(recs, args.out)
+            where = args.out
+        elif args.log != str(LOG):
+            append(recs, args.log)
+            where = args.log
+        else:
+            where = save(recs, args.kind)
+        print(f"{where}: {len(recs)} records")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The results log (scripts/results_log.py): append validates, add skips duplicates, summary regenerates
+RESULTS.md, and the committed RESULTS.md is what the committed log gives."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "results_log.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("results_log", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+rl = _load()
+ENV = {"date": "2026-12-03", "device": "NVIDIA H200", "versions": {"torch": "2.11.0", "liger_portable": "abc1234"}}
+
+
+def rec(value, date="2026-12-03", impl="liger-portable", **extra):
+    return rl.record("rms_norm", "16384x4096", impl, "fwd_bwd_graph_ms", value, env={**ENV, "date": date}, **extra)
+
+
+def test_append_validates_and_appends(tmp_path):
+    log = tmp_path / "log.jsonl"
+    assert rl.append([rec(0.2, pct_copy=80.0), rec(0.3, impl="torch.compile")], log) == 2
+    assert rl.append([rec(0.19)], log) == 1
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[0])["pct_copy"] == 80.0
+    good = rec(0.2)
+    for bad in ({k: v for k, v in good.items() if k != "device"}, {**good, "date": "2026-12-3"},
+                {**good, "value": math.nan}, {**good, "value": "0.2"}, {**good, "versions": {"torch": 2}},
+                {**good, "shape": ""}):
+        with pytest.raises(ValueError):
+            rl.append([good, bad], log)
+    assert len(log.read_text().splitlines()) == 3  # a bad record writes nothing
+
+
+def test_add_skips_exact_duplicates(tmp_path):
+    log, new = tmp_path / "log.jsonl", tmp_path / "out.jsonl"
+    rl.append([rec(0.2)], log)
+    rl.append([rec(0.2), rec(0.21), rec(0.21)], new)
+    assert rl.add([new], log) == (1, 2)
+    assert rl.add([new], log) == (0, 3)
+    assert [r["value"] for r in rl.read(log)] == [0.2, 0.21]
+    out = subprocess.run([sys.executable, str(SCRIPT), "add", str(new), "--log", str(log)],
+                         capture_output=True, text=True, check=True)
+    assert "0 records added, 3 duplicates skipped" in out.stdout
+
+
+def test_save_writes_under_out_when_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    path = rl.save([rec(0.2)], "rms_norm_bench")
+    assert Path(path) == tmp_path / "rms_norm_bench.jsonl" and len(rl.read(path)) == 1
+
+
+def test_summary_shows_the_latest_figure(tmp_path):
+    log, out = tmp_path / "log.jsonl", tmp_path / "RESULTS.md"
+    rl.append([rec(0.182, date="2026-12-03", pct_copy=87.1, peak_mib=132.0), rec(0.199, date="2026-12-02"),
+               rec(0.216, impl="torch.compile", note="dynamic=False")], log)
+    text = rl.summary(log, out)
+    assert out.read_text() == text
+    assert "do not edit; regenerate with `python scripts/results_log.py summary`" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 16384x4096 |"))
+    assert "0.182 (87%), 132 MiB" in row and "0.199" not in row and "0.216" in row and "2026-12-03" in row
+    assert "NVIDIA H200; torch 2.11.0, liger_portable abc1234" in text
+    assert rl.summary(log, out) == text  # idempotent
+
+
+def test_records_from_tool_output():
+    pytest_out = "...\n================= 398 passed, 56 warnings in 172.41s (0:02:52) =================\n"
+    (r,) = rl.from_output("pytest", pytest_out, ENV)
+    assert (r["metric"], r["value"], r["failed"]) == ("gpu_tests", 398, 0)
+    check_out = "  PASS  rms_norm[llama] float32 (7, 4096) y 4.9e-08\n  FAIL  rope bfloat16 (2,) x\n1 FAILED in 3 s\n"
+    (r,) = rl.from_output("check", check_out, ENV)
+    assert (r["value"], r["failed"]) == (1, 1)
+    (r,) = rl.from_output("warmup", "warmup of 6 problems on NVIDIA H200: 36.5 s (x)\n", ENV, label="llama-3-8b")
+    assert (r["shape"], r["value"]) == ("llama-3-8b: 6 problems", 36.5)
+
+
+def test_committed_results_md_is_up_to_date():
+    assert rl.RESULTS.read_text(encoding="utf-8") == rl.summary_text(rl.read(rl.LOG)), (
+        "scripts/results/RESULTS.md differs from what scripts/results/log.jsonl gives: "
+        "run python scripts/results_log.py summary")
