@@ -16,26 +16,22 @@ Triton's own ``kernel[grid](...)``), to show what the launcher saves.
 
     python scripts/bench_host_overhead.py [--ops rms_norm,layer_norm] [--repeats 7] [--launch-ab]
 
-Records (op, shape, impl, metric, value, spread) are printed as a table and written as JSON lines
-to ``$OUT/host_overhead.jsonl`` if ``OUT`` is set, else to ``--jsonl`` (default: next to this script,
-``results/host_overhead.jsonl``), for the results log.
+Figures are printed as tables and kept as results-log records (metrics ``host_us``,
+``fwd_bwd_eager_ms``, ``fwd_bwd_graph_ms``, each with the spread of its rounds):
+``$OUT/host_overhead.jsonl`` if ``OUT`` is set, else appended to the log.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
-import subprocess
 import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as TF
 
-from benchlib import environment, graph_ms
+from benchlib import environment, graph_ms, record, save_records
 
 from liger_portable import functional as F
 from liger_portable.ops import _launch
@@ -223,14 +219,6 @@ def eager_ms(step: Callable, tensors, n: int) -> float:
     return host_us(step, tensors, n) / 1e3
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip() or None
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated, from: " + ", ".join(OPS))
@@ -239,26 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--main-calls", type=int, default=50, help="calls per eager measurement at the main shape")
     ap.add_argument("--no-main", action="store_true", help="host cost only")
     ap.add_argument("--launch-ab", action="store_true", help="also ours with the cached launcher off")
-    ap.add_argument("--jsonl", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "host_overhead.jsonl"))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a GPU")
         return 1
     dev = torch.device("cuda")
     env = environment()
-    versions = {k: env.get(k) for k in ("torch", "triton", "liger_kernel", "python")}
-    versions["liger_portable"] = _commit()
-    print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  liger-kernel {env['liger_kernel']}  "
-          f"liger-portable {versions['liger_portable']}  cached launcher: {_launch.supported()}")
-    date = datetime.date.today().isoformat()
+    print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  liger-kernel {env.get('liger_kernel')}  "
+          f"liger-portable {env.get('liger_portable')}  cached launcher: {_launch.supported()}")
     records: list[dict] = []
 
-    def record(op, shape, impl, metric, values, **extra):
+    def keep(op, shape, impl, metric, values):
         med = statistics.median(values)
-        rec = {"date": date, "device": env["device"], "versions": versions, "op": op, "shape": shape,
-               "impl": impl, "metric": metric, "value": round(med, 4 if metric.endswith("ms") else 1),
-               "spread": [round(min(values), 4), round(max(values), 4)], "dtype": "bfloat16", **extra}
-        records.append(rec)
+        records.append(record(op, shape, impl, metric, med, spread=[min(values), max(values)],
+                              rounds=len(values), dtype="bfloat16"))
         return med
 
     for op in args.ops.split(","):
@@ -283,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         shape = f"{tiny[0]}x{tiny[1]}"
         print(f"\n{op}  host us per forward+backward at {shape} ({meaning}), median [min, max] of {args.repeats}")
         for name, vals in samples.items():
-            med = record(op, shape, name, "host_us", vals)
+            med = keep(op, shape, name, "host_us", vals)
             print(f"  {name:<32} {med:8.1f}  [{min(vals):.1f}, {max(vals):.1f}]")
         del tensors, impls
         if args.no_main:
@@ -303,20 +285,14 @@ def main(argv: list[str] | None = None) -> int:
                 step()
 
             g = graph_ms(graph_step)
-            med = record(op, shape, name, "fwd_bwd_eager_ms", eager[name])
+            med = keep(op, shape, name, "fwd_bwd_eager_ms", eager[name])
             if g == g:  # not nan
-                record(op, shape, name, "fwd_bwd_graph_ms", [g])
+                keep(op, shape, name, "fwd_bwd_graph_ms", [g])
             print(f"  {name:<32} {med:8.3f} | {g:8.3f}")
         del tensors, impls
         torch.cuda.empty_cache()
 
-    out = os.environ.get("OUT")
-    path = os.path.join(out, "host_overhead.jsonl") if out else args.jsonl
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
-    print(f"\n{len(records)} records -> {path}")
+    print(f"\n{len(records)} records -> {save_records('host_overhead', records)}")
     return 0
 
 
