@@ -31,9 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved, resolve
+from .._configs import Resolved
 from .._dispatch import device_info
 from .._specs import next_pow2
+from ._launch import Launcher, plan, split_launch
 from ._tiles import _load_tile, _store_tile
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -238,35 +239,57 @@ def _split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
     return block, 0, True
 
 
+_launch_fwd = Launcher(_layer_norm_fwd_kernel)
+_launch_bwd = Launcher(_layer_norm_bwd_kernel)
+
+
+def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
+    """(grid, constexprs without and with a bias, launch options) of the forward for one problem."""
+    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    consts, opts = split_launch(cfg)
+    consts.update(BLOCK_N=block_n, SINGLE_PASS=single)
+    by_bias = ({**consts, "HAS_BIAS": False}, {**consts, "HAS_BIAS": True})
+    return (triton.cdiv(n_rows, cfg.meta["BLOCK_M"]),), by_bias, opts
+
+
+def _bwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
+    """(grid, constexprs without and with a bias, launch options, single pass) of the backward."""
+    block_n, tail_n, single = _split_row(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block_m = cfg.meta["BLOCK_M"]
+    n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
+    consts, opts = split_launch(cfg)
+    consts.update(BLOCK_N=block_n, TAIL_N=tail_n, SINGLE_PASS=single)
+    by_bias = ({**consts, "HAS_BIAS": False}, {**consts, "HAS_BIAS": True})
+    return (n_programs,), by_bias, opts, single
+
+
 def layer_norm_fwd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-    config: Resolved | None = None,
+    config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the forward on a 2-D ``x`` whose last dimension is contiguous; ``weight`` and
     ``bias`` (or None) contiguous of shape ``(n_cols,)``.
 
-    ``config`` overrides the resolved launch config (the tuner and benchmarks use it).
+    ``config`` overrides the resolved launch config (the tuner and benchmarks use it); ``dev`` is
+    the :class:`~liger_portable.DeviceInfo` of ``x`` where the caller knows it.
     Returns ``(y, mean, rstd)``: y contiguous in ``x.dtype``, mean and rstd fp32 of shape ``(n_rows,)``.
     """
     n_rows, n_cols = x.shape
-    dev = device_info(x)
-    cfg = config or resolve("layer_norm_fwd", dev, (n_cols, n_rows), x.dtype)
-    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
-    block_m = cfg.meta["BLOCK_M"]
+    grid, by_bias, opts = plan("layer_norm_fwd", dev or device_info(x), (n_cols, n_rows), x.dtype, _fwd_plan, config)
     y = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     mean = _empty((n_rows,), dtype=torch.float32, device=x.device)
     rstd = _empty((n_rows,), dtype=torch.float32, device=x.device)
-    _layer_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        x, y, weight, weight if bias is None else bias, mean, rstd,
-        x.stride(0), y.stride(0), n_rows, n_cols, eps,
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, SINGLE_PASS=single, **cfg.launch,
+    _launch_fwd(
+        grid,
+        (x, y, weight, weight if bias is None else bias, mean, rstd, x.stride(0), y.stride(0), n_rows, n_cols, eps),
+        by_bias[bias is not None], opts,
     )
     return y, mean, rstd
 
 
 def layer_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-    mean: torch.Tensor, rstd: torch.Tensor, config: Resolved | None = None,
+    mean: torch.Tensor, rstd: torch.Tensor, config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension.
 
@@ -277,20 +300,21 @@ def layer_norm_bwd(
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
-    dev = device_info(x)
-    cfg = config or resolve("layer_norm_bwd", dev, (n_cols, n_rows), x.dtype)
-    block_n, tail_n, single = _split_row(n_cols, cfg.meta["BLOCK_N_MAX"])
-    block_m = cfg.meta["BLOCK_M"]
-    n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
+    grid, by_bias, opts, single = plan(
+        "layer_norm_bwd", dev or device_info(x), (n_cols, n_rows), x.dtype, _bwd_plan, config
+    )
     has_bias = bias is not None
     width = 2 * n_cols if has_bias else n_cols
     dx = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     alloc = _empty if single else torch.zeros
-    partial = alloc((n_programs, width), dtype=torch.float32, device=x.device)
-    _layer_norm_bwd_kernel[(n_programs,)](
-        dy, x, weight, mean, rstd, dx, partial,
-        dy.stride(0), x.stride(0), dx.stride(0), partial.stride(0), n_rows, n_cols,
-        HAS_BIAS=has_bias, BLOCK_N=block_n, TAIL_N=tail_n, SINGLE_PASS=single, **cfg.launch,
+    partial = alloc((grid[0], width), dtype=torch.float32, device=x.device)
+    _launch_bwd(
+        grid,
+        (
+            dy, x, weight, mean, rstd, dx, partial,
+            dy.stride(0), x.stride(0), dx.stride(0), partial.stride(0), n_rows, n_cols,
+        ),
+        by_bias[has_bias], opts,
     )
     sums = partial.sum(0)
     if has_bias and bias.dtype == weight.dtype:
@@ -302,37 +326,16 @@ def layer_norm_bwd(
 
 
 # --------------------------------------------------------------------------- autograd
-# Eager calls take a plain autograd.Function (the cheapest path on the host). Under torch.compile
-# the same launches run inside a custom op, which is opaque to the compiler: the launch code is
-# never traced, so a compiled model has no graph break here.
-
-
-class _LayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        y, mean, rstd = layer_norm_fwd(x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, bias, mean, rstd = ctx.saved_tensors
-        dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd)
-        return dx, dw, db, None
-
-
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Differentiable LayerNorm of a 2-D ``x`` with a contiguous last dimension."""
-    if torch.compiler.is_compiling():
-        return layer_norm_op(x, weight, bias, eps)[0]
-    return _LayerNormFunction.apply(x, weight, bias, eps)
+# Declared once: an autograd.Function whose forward and backward launch directly in eager mode
+# (the cheapest path on the host) and, under torch.compile, call the same launches as custom ops,
+# which the compiler does not trace into (no graph break).
 
 
 @torch.library.custom_op("liger_portable::layer_norm", mutates_args=())
 def layer_norm_op(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LayerNorm of a 2-D ``x`` (rows x hidden, last dimension contiguous): ``(y, mean, rstd)``."""
+    """LayerNorm forward of a 2-D ``x`` (rows x hidden, last dimension contiguous): ``(y, mean, rstd)``."""
     return layer_norm_fwd(x, weight, bias, eps)
 
 
@@ -363,16 +366,32 @@ def _(dy, x, weight, bias, mean, rstd):
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight), db
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, _eps = inputs
-    ctx.save_for_backward(x, weight, bias, output[1], output[2])
-    ctx.mark_non_differentiable(output[1], output[2])
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, dev):
+        if torch.compiler.is_compiling():
+            y, mean, rstd = layer_norm_op(x, weight, bias, eps)
+        else:
+            y, mean, rstd = layer_norm_fwd(x, weight, bias, eps, dev=dev)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.dev = dev
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        if torch.compiler.is_compiling():
+            dx, dw, db = layer_norm_backward_op(dy, x, weight, bias, mean, rstd)
+            if bias is None:
+                db = None
+        else:
+            dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd, dev=ctx.dev)
+        return dx, dw, db, None, None
 
 
-def _backward(ctx, dy, _dmean, _drstd):
-    x, weight, bias, mean, rstd = ctx.saved_tensors
-    dx, dw, db = layer_norm_backward_op(dy, x, weight, bias, mean, rstd)
-    return dx, dw, (db if bias is not None else None), None
-
-
-layer_norm_op.register_autograd(_backward, setup_context=_setup_context)
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, dev=None
+) -> torch.Tensor:
+    """Differentiable LayerNorm of a 2-D ``x`` with a contiguous last dimension; ``dev`` is the
+    :class:`~liger_portable.DeviceInfo` of ``x`` where the caller has it (None: looked up)."""
+    return _LayerNormFunction.apply(x, weight, bias, eps, dev)
