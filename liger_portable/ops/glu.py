@@ -32,9 +32,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved, resolve
+from .._configs import Resolved
 from .._dispatch import device_info
 from .._specs import next_pow2
+from ._launch import Launcher, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 _empty = torch.empty
@@ -104,38 +105,50 @@ def _glu_bwd_kernel(
     tl.store(DB + rows64 * stride_db + cols[None, :], (dc * act_r).to(DB.dtype.element_ty), mask=mask)
 
 
-def _tile(cfg: Resolved, n_cols: int) -> tuple[int, dict]:
-    """``(BLOCK_M, launch kwargs)``: the table's tile, its columns clamped to the row length."""
-    block_n = min(cfg.meta["BLOCK_N"], max(16, next_pow2(n_cols)))
-    launch = cfg.launch if block_n == cfg.meta["BLOCK_N"] else {**cfg.launch, "BLOCK_N": block_n}
-    return cfg.meta["BLOCK_M"], launch
+_launch_fwd = Launcher(_glu_fwd_kernel)
+_launch_bwd = Launcher(_glu_bwd_kernel)
 
 
-def _grid(n_rows: int, n_cols: int, block_m: int, block_n: int) -> tuple[int]:
-    return (triton.cdiv(n_rows, block_m) * triton.cdiv(n_cols, block_n),)
+def _planner(act: str):
+    """The plan builder of both GLU kernels for ``act`` (the spec names differ per activation)."""
+
+    def build(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
+        """(grid, constexprs, launch options) for one problem: the table's tile, its columns
+        clamped to the row length."""
+        block_n = min(cfg.meta["BLOCK_N"], max(16, next_pow2(n_cols)))
+        consts, opts = split_launch(cfg)
+        consts.update(ACT=act, BLOCK_N=block_n)
+        grid = (triton.cdiv(n_rows, cfg.meta["BLOCK_M"]) * triton.cdiv(n_cols, block_n),)
+        return grid, consts, opts
+
+    return build
 
 
-def glu_fwd(a: torch.Tensor, b: torch.Tensor, act: str, config: Resolved | None = None) -> torch.Tensor:
+# Per activation: (forward spec, its plan builder), (backward spec, its plan builder).
+_PLANS = {act: ((fwd, _planner(act)), (bwd, _planner(act))) for act, (fwd, bwd) in _SPEC.items()}
+
+
+def glu_fwd(
+    a: torch.Tensor, b: torch.Tensor, act: str, config: Resolved | None = None, dev=None,
+) -> torch.Tensor:
     """Launch the forward on 2-D ``a`` and ``b`` of one shape and dtype, last dimension contiguous.
 
     ``act`` is ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU); ``config`` overrides the resolved
-    launch config (the tuner and benchmarks use it). Returns ``act(a) * b``, contiguous.
+    launch config (the tuner and benchmarks use it); ``dev`` is the
+    :class:`~liger_portable.DeviceInfo` of ``a`` where the caller knows it. Returns ``act(a) * b``,
+    contiguous.
     """
     n_rows, n_cols = a.shape
-    cfg = config or resolve(_SPEC[act][0], device_info(a), (n_cols, n_rows), a.dtype)
-    block_m, launch = _tile(cfg, n_cols)
+    kernel, build = _PLANS[act][0]
+    grid, consts, opts = plan(kernel, dev or device_info(a), (n_cols, n_rows), a.dtype, build, config)
     c = _empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
-    _glu_fwd_kernel[_grid(n_rows, n_cols, block_m, launch["BLOCK_N"])](
-        a, b, c,
-        a.stride(0), b.stride(0), c.stride(0), n_rows, n_cols,
-        ACT=act, **launch,
-    )
+    _launch_fwd(grid, (a, b, c, a.stride(0), b.stride(0), c.stride(0), n_rows, n_cols), consts, opts)
     return c
 
 
 def glu_bwd(
     dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool,
-    config: Resolved | None = None,
+    config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward: ``(da, db)`` for 2-D ``a``, ``b`` and ``dc`` of one shape.
 
@@ -146,17 +159,16 @@ def glu_bwd(
     if dc.stride(-1) != 1:
         dc = dc.contiguous()
     n_rows, n_cols = a.shape
-    cfg = config or resolve(_SPEC[act][1], device_info(a), (n_cols, n_rows), a.dtype)
-    block_m, launch = _tile(cfg, n_cols)
+    kernel, build = _PLANS[act][1]
+    grid, consts, opts = plan(kernel, dev or device_info(a), (n_cols, n_rows), a.dtype, build, config)
     if inplace:
         da, db = a, b
     else:
         da = _empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
         db = _empty((n_rows, n_cols), dtype=b.dtype, device=b.device)
-    _glu_bwd_kernel[_grid(n_rows, n_cols, block_m, launch["BLOCK_N"])](
-        dc, a, b, da, db,
-        dc.stride(0), a.stride(0), b.stride(0), da.stride(0), db.stride(0), n_rows, n_cols,
-        ACT=act, **launch,
+    _launch_bwd(
+        grid, (dc, a, b, da, db, dc.stride(0), a.stride(0), b.stride(0), da.stride(0), db.stride(0), n_rows, n_cols),
+        consts, opts,
     )
     return da, db
 
@@ -190,47 +202,10 @@ def can_write_in_place(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 # --------------------------------------------------------------------------- autograd
-# Eager calls take a plain autograd.Function (the cheapest path on the host). Under torch.compile
-# the launches run inside custom ops, opaque to the compiler, so a compiled model has no graph
-# break here; that path computes the backward out of place (see glu()).
-
-
-class _GLUFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b, act, inplace):
-        c = glu_fwd(a, b, act)
-        ctx.save_for_backward(a, b)
-        ctx.act, ctx.inplace, ctx.done = act, inplace, False
-        return c
-
-    @staticmethod
-    def backward(ctx, dc):
-        if ctx.inplace and ctx.done:
-            raise RuntimeError(
-                "liger_portable swiglu/geglu with inplace_backward=True can run backward only once: "
-                "the first backward overwrote a and b with their gradients. Use "
-                "inplace_backward=False with retain_graph=True or double backward."
-            )
-        a, b = ctx.saved_tensors
-        da, db = glu_bwd(dc, a, b, ctx.act, ctx.inplace)
-        if ctx.inplace:
-            ctx.done = True
-            # The kernel wrote a and b behind autograd's back: bump their version counters, so
-            # that any other node that saved them fails loudly instead of reading gradients.
-            torch.autograd.graph.increment_version(a)
-            torch.autograd.graph.increment_version(b)
-        return da, db, None, None
-
-
-def glu(a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool) -> torch.Tensor:
-    """Differentiable ``act(a) * b`` of 2-D ``a``, ``b`` (last dimension contiguous).
-
-    ``inplace``: the backward writes the gradients over ``a`` and ``b``; it is dropped when they
-    overlap in memory, and under torch.compile (the custom ops do not mutate their inputs).
-    """
-    if torch.compiler.is_compiling():
-        return glu_op(a, b, act)
-    return _GLUFunction.apply(a, b, act, inplace and can_write_in_place(a, b))
+# Declared once: an autograd.Function whose forward and backward launch directly in eager mode
+# (the cheapest path on the host) and, under torch.compile, call the same launches as custom ops,
+# which the compiler does not trace into (no graph break); that path computes the backward out of
+# place (the custom ops do not mutate their inputs).
 
 
 @torch.library.custom_op("liger_portable::glu", mutates_args=())
@@ -254,16 +229,48 @@ def _(dc, a, b, act):
     return a.new_empty(a.shape), b.new_empty(b.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    a, b, act = inputs
-    ctx.save_for_backward(a, b)
-    ctx.act = act
+class _GLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, act, inplace, dev):
+        if torch.compiler.is_compiling():
+            c = glu_op(a, b, act)
+            inplace = False
+        else:
+            c = glu_fwd(a, b, act, dev=dev)
+            inplace = inplace and can_write_in_place(a, b)
+        ctx.save_for_backward(a, b)
+        ctx.act, ctx.inplace, ctx.done, ctx.dev = act, inplace, False, dev
+        return c
+
+    @staticmethod
+    def backward(ctx, dc):
+        if torch.compiler.is_compiling():
+            a, b = ctx.saved_tensors
+            da, db = glu_backward_op(dc, a, b, ctx.act)
+            return da, db, None, None, None
+        if ctx.inplace and ctx.done:
+            raise RuntimeError(
+                "liger_portable swiglu/geglu with inplace_backward=True can run backward only once: "
+                "the first backward overwrote a and b with their gradients. Use "
+                "inplace_backward=False with retain_graph=True or double backward."
+            )
+        a, b = ctx.saved_tensors
+        da, db = glu_bwd(dc, a, b, ctx.act, ctx.inplace, dev=ctx.dev)
+        if ctx.inplace:
+            ctx.done = True
+            # The kernel wrote a and b behind autograd's back: bump their version counters, so
+            # that any other node that saved them fails loudly instead of reading gradients.
+            torch.autograd.graph.increment_version(a)
+            torch.autograd.graph.increment_version(b)
+        return da, db, None, None, None
 
 
-def _backward(ctx, dc):
-    a, b = ctx.saved_tensors
-    da, db = glu_backward_op(dc, a, b, ctx.act)
-    return da, db, None
+def glu(a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool, dev=None) -> torch.Tensor:
+    """Differentiable ``act(a) * b`` of 2-D ``a``, ``b`` (last dimension contiguous).
 
-
-glu_op.register_autograd(_backward, setup_context=_setup_context)
+    ``inplace``: the backward writes the gradients over ``a`` and ``b``; it is dropped when they
+    overlap in memory, and under torch.compile (the custom ops do not mutate their inputs).
+    ``dev`` is the :class:`~liger_portable.DeviceInfo` of ``a`` where the caller has it (None:
+    looked up).
+    """
+    return _GLUFunction.apply(a, b, act, inplace, dev)
