@@ -20,10 +20,10 @@ class _GLUDownFunction(torch.autograd.Function):
     activations), hence runs once."""
 
     @staticmethod
-    def forward(ctx, a, b, weight, bias, act):
-        out = torch.nn.functional.linear(glu_fwd(a, b, act), weight, bias)
+    def forward(ctx, a, b, weight, bias, act, dev):
+        out = torch.nn.functional.linear(glu_fwd(a, b, act, dev=dev), weight, bias)
         ctx.save_for_backward(a, b, weight)
-        ctx.act, ctx.has_bias, ctx.done = act, bias is not None, False
+        ctx.act, ctx.has_bias, ctx.done, ctx.dev = act, bias is not None, False, dev
         return out
 
     @staticmethod
@@ -34,22 +34,25 @@ class _GLUDownFunction(torch.autograd.Function):
                 "its gate and up activations with their gradients (as inplace_backward=True does)."
             )
         a, b, weight = ctx.saved_tensors
-        c = glu_fwd(a, b, ctx.act)
+        c = glu_fwd(a, b, ctx.act, dev=ctx.dev)
         dweight = dy.t().mm(c) if ctx.needs_input_grad[2] else None
         dbias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
         dc = dy.mm(weight)
         del c
         inplace = can_write_in_place(a, b)
-        da, db = glu_bwd(dc, a, b, ctx.act, inplace)
+        da, db = glu_bwd(dc, a, b, ctx.act, inplace, dev=ctx.dev)
         if inplace:
             ctx.done = True
             torch.autograd.graph.increment_version(a)
             torch.autograd.graph.increment_version(b)
-        return da, db, dweight, dbias, None
+        return da, db, dweight, dbias, None, None
 
 
-def glu_down(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
+def glu_down(
+    a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str, dev=None
+) -> torch.Tensor:
     """Differentiable ``linear(act(a) * b, weight, bias)`` of 2-D ``a``, ``b`` (last dimension
     contiguous) that does not keep ``act(a) * b`` for the backward (see :class:`_GLUDownFunction`).
-    Eager autograd only: the caller takes the unfused path under torch.compile."""
-    return _GLUDownFunction.apply(a, b, weight, bias, act)
+    Eager autograd only: the caller takes the unfused path under torch.compile. ``dev`` is the
+    :class:`~liger_portable.DeviceInfo` of ``a`` where the caller has it (None: looked up)."""
+    return _GLUDownFunction.apply(a, b, weight, bias, act, dev)
