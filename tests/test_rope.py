@@ -303,10 +303,13 @@ class _Recorder:
 
 
 def _check_no_copy_and_layout(monkeypatch, device):
+    from liger_portable.ops import _launch as launch_ops
     from liger_portable.ops import rope as rope_ops
 
-    rec = _Recorder(rope_ops._rope_kernel)
-    monkeypatch.setattr(rope_ops, "_rope_kernel", rec)
+    # The launcher holds the kernel; its cached direct path (GPU) would bypass the recorder.
+    rec = _Recorder(rope_ops._launch_rope.fn)
+    monkeypatch.setattr(rope_ops._launch_rope, "fn", rec)
+    monkeypatch.setattr(launch_ops, "enabled", False)
     c = Case(2, 10, 4, 2, 64, "hf", cos_batch=2)
     qb, kb, cos, sin, _, _ = _inputs(c, torch.bfloat16, device)
     qb.requires_grad_()

@@ -41,9 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved, resolve
+from .._configs import Resolved
 from .._dispatch import device_info
 from .._specs import next_pow2
+from ._launch import Launcher, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 _empty = torch.empty
@@ -125,9 +126,23 @@ def _last_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
+_launch_rope = Launcher(_rope_kernel)
+
+
+def _plan(cfg: Resolved, dev, head_dim: int, n_heads: int, seq_len: int) -> tuple:
+    """(programs per batch element, seq blocks, head groups, constexprs of the forward and of the
+    backward, launch options) for one problem."""
+    consts, opts = split_launch(cfg)
+    consts.update(HALF=head_dim // 2, BLOCK_H=next_pow2(head_dim // 2))
+    n_sblocks = triton.cdiv(seq_len, cfg.meta["BLOCK_S"])
+    n_hgroups = triton.cdiv(n_heads, cfg.meta["HEADS"])
+    by_direction = ({**consts, "BACKWARD": False}, {**consts, "BACKWARD": True})
+    return n_sblocks * n_hgroups, n_sblocks, n_hgroups, by_direction, opts
+
+
 def _launch(
     a: torch.Tensor | None, b: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-    backward: bool, config: Resolved | None,
+    backward: bool, config: Resolved | None, dev=None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     a, b = _last_contiguous(a), _last_contiguous(b)
     cos, sin = _last_contiguous(cos), _last_contiguous(sin)
@@ -140,73 +155,54 @@ def _launch(
     n_heads = n_a + n_b
     if n_heads == 0 or seq_len == 0 or batch == 0:
         return ao, bo
-    cfg = config or resolve("rope", device_info(ref), (head_dim, n_heads, seq_len), ref.dtype)
-    block_s = cfg.meta["BLOCK_S"]
-    n_sblocks = triton.cdiv(seq_len, block_s)
-    n_hgroups = triton.cdiv(n_heads, cfg.meta["HEADS"])
+    per_batch, n_sblocks, n_hgroups, by_direction, opts = plan(
+        "rope", dev or device_info(ref), (head_dim, n_heads, seq_len), ref.dtype, _plan, config
+    )
     # A missing tensor (its gradient not needed) is replaced by the other; its heads are not visited.
     qa, qao = (a, ao) if a is not None else (b, bo)
     kb, kbo = (b, bo) if b is not None else (a, ao)
     cb = cos.stride(0) if cos.shape[0] > 1 else 0
     sb = sin.stride(0) if sin.shape[0] > 1 else 0
-    _rope_kernel[(batch * n_sblocks * n_hgroups,)](
-        qa, kb, qao, kbo, cos, sin,
-        qa.stride(0), qa.stride(1), qa.stride(2), kb.stride(0), kb.stride(1), kb.stride(2),
-        qao.stride(0), qao.stride(1), qao.stride(2), kbo.stride(0), kbo.stride(1), kbo.stride(2),
-        cb, cos.stride(1), sb, sin.stride(1),
-        n_a, n_heads, seq_len, n_sblocks, n_hgroups,
-        BACKWARD=backward, HALF=head_dim // 2, BLOCK_H=next_pow2(head_dim // 2), **cfg.launch,
+    _launch_rope(
+        (batch * per_batch,),
+        (
+            qa, kb, qao, kbo, cos, sin,
+            *qa.stride()[:3], *kb.stride()[:3], *qao.stride()[:3], *kbo.stride()[:3],
+            cb, cos.stride(1), sb, sin.stride(1),
+            n_a, n_heads, seq_len, n_sblocks, n_hgroups,
+        ),
+        by_direction[backward], opts,
     )
     return ao, bo
 
 
 def rope_fwd(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, config: Resolved | None = None,
+    dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate ``q`` and ``k`` (logical ``(batch, heads, seq, head_dim)``, same batch, seq and even
     head_dim) by cos/sin ``(1 or batch, >= seq, head_dim)`` in one launch.
 
     The problem key is ``(head_dim, q heads + k heads, seq)``; ``config`` overrides the resolved
-    launch config (the tuner and benchmarks use it). Returns new ``(q_embed, k_embed)``.
+    launch config (the tuner and benchmarks use it); ``dev`` is the
+    :class:`~liger_portable.DeviceInfo` of the tensors where the caller knows it. Returns new
+    ``(q_embed, k_embed)``.
     """
-    return _launch(q, k, cos, sin, False, config)
+    return _launch(q, k, cos, sin, False, config, dev)
 
 
 def rope_bwd(
     dq: torch.Tensor | None, dk: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-    config: Resolved | None = None,
+    config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients of q and k from those of q_embed and k_embed (either may be None: not computed)."""
-    return _launch(dq, dk, cos, sin, True, config)
+    return _launch(dq, dk, cos, sin, True, config, dev)
 
 
 # --------------------------------------------------------------------------- autograd
-# Eager calls take a plain autograd.Function (the cheapest path on the host). Under torch.compile
-# the same launches run inside a custom op, which is opaque to the compiler: no graph break.
-
-
-class _RopeFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, cos, sin):
-        qo, ko = rope_fwd(q, k, cos, sin)
-        ctx.save_for_backward(cos, sin)
-        ctx.set_materialize_grads(False)
-        return qo, ko
-
-    @staticmethod
-    def backward(ctx, dq, dk):
-        cos, sin = ctx.saved_tensors
-        dq = dq if ctx.needs_input_grad[0] else None
-        dk = dk if ctx.needs_input_grad[1] else None
-        dq, dk = rope_bwd(dq, dk, cos, sin)
-        return dq, dk, None, None
-
-
-def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Differentiable RoPE of logical ``(batch, heads, seq, head_dim)`` q and k (see the module doc)."""
-    if torch.compiler.is_compiling():
-        return rope_op(q, k, cos, sin)
-    return _RopeFunction.apply(q, k, cos, sin)
+# Declared once: an autograd.Function whose forward and backward launch directly in eager mode
+# (the cheapest path on the host) and, under torch.compile, call the same launches as custom ops,
+# which the compiler does not trace into (no graph break).
 
 
 @torch.library.custom_op("liger_portable::rope", mutates_args=())
@@ -234,18 +230,40 @@ def _(dq, dk, cos, sin):
     return out_like(dq), out_like(dk)
 
 
-def _setup_context(ctx, inputs, output):
-    _q, _k, cos, sin = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.out_meta = [(o.shape, o.dtype, o.device) for o in output]
+class _RopeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, dev):
+        if torch.compiler.is_compiling():
+            qo, ko = rope_op(q, k, cos, sin)
+            ctx.out_meta = [(o.shape, o.dtype, o.device) for o in (qo, ko)]
+        else:
+            qo, ko = rope_fwd(q, k, cos, sin, dev=dev)
+        ctx.save_for_backward(cos, sin)
+        ctx.dev = dev
+        ctx.set_materialize_grads(False)
+        return qo, ko
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        cos, sin = ctx.saved_tensors
+        if torch.compiler.is_compiling():
+            # Gradients of unused outputs may arrive as None; the op takes tensors.
+            grads = [
+                g if g is not None else torch.zeros(s, dtype=d, device=where)
+                for g, (s, d, where) in zip((dq, dk), ctx.out_meta)
+            ]
+            dq, dk = rope_backward_op(grads[0], grads[1], cos, sin)
+            return dq, dk, None, None, None
+        dq = dq if ctx.needs_input_grad[0] else None
+        dk = dk if ctx.needs_input_grad[1] else None
+        dq, dk = rope_bwd(dq, dk, cos, sin, dev=ctx.dev)
+        return dq, dk, None, None, None
 
 
-def _backward(ctx, dq, dk):
-    cos, sin = ctx.saved_tensors
-    # Gradients of unused outputs may arrive as None; the op takes tensors.
-    grads = [g if g is not None else torch.zeros(s, dtype=d, device=dev) for g, (s, d, dev) in zip((dq, dk), ctx.out_meta)]
-    dq, dk = rope_backward_op(grads[0], grads[1], cos, sin)
-    return dq, dk, None, None
-
-
-rope_op.register_autograd(_backward, setup_context=_setup_context)
+def rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dev=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable RoPE of logical ``(batch, heads, seq, head_dim)`` q and k (see the module doc);
+    ``dev`` is the :class:`~liger_portable.DeviceInfo` of q and k where the caller has it (None:
+    looked up)."""
+    return _RopeFunction.apply(q, k, cos, sin, dev)
