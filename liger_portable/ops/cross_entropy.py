@@ -29,8 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved, resolve
+from .._configs import Resolved
 from .._dispatch import device_info
+from ._launch import Launcher, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 _empty = torch.empty
@@ -155,6 +156,45 @@ def _scale_flat_kernel(G, S, n, BLOCK: tl.constexpr):
         tl.store(G + offs, (g * s).to(G.dtype.element_ty), mask=mask)
 
 
+_launch_ce = Launcher(_ce_kernel)
+_launch_scale_rows = Launcher(_scale_rows_kernel)
+_launch_scale_flat = Launcher(_scale_flat_kernel)
+
+
+class _Plan:
+    """What the cross-entropy launches derive from a config for one ``(n_cols, n_rows)`` problem:
+    the row kernel's grid, constexprs and options (its flag constexprs added per combination, once),
+    and the two scaling kernels' launches over a gradient of that shape."""
+
+    __slots__ = ("grid", "consts", "opts", "flags", "flat", "rows")
+
+    def __init__(self, cfg: Resolved, n_cols: int, n_rows: int):
+        self.grid = (n_rows,)
+        self.consts, self.opts = split_launch(cfg)
+        self.flags: dict[tuple, dict] = {}
+        # The scaling kernels: blocks of the config's BLOCK_V at most, warps by block size (an
+        # empty problem, which launches nothing, gets blocks of 1).
+        block_v, warps = cfg.meta["BLOCK_V"], cfg.launch["num_warps"]
+        block = min(block_v, triton.next_power_of_2(max(1, n_rows * n_cols)))
+        opts = {"num_warps": min(warps, max(1, block // 256))}
+        self.flat = ((triton.cdiv(n_rows * n_cols, block),), {"BLOCK": block}, opts)
+        block = min(block_v, triton.next_power_of_2(max(1, n_cols)))
+        opts = {"num_warps": min(warps, max(1, block // 256))}
+        self.rows = ((n_rows, triton.cdiv(n_cols, block)), {"BLOCK": block}, opts)
+
+    def kwargs(self, flags: tuple) -> dict:
+        """The row kernel's constexprs with ``(HAS_SMOOTH, HAS_Z, HAS_SOFTCAP, HAS_SCALE, RETURN_GRAD)``."""
+        kw = self.flags.get(flags)
+        if kw is None:
+            names = ("HAS_SMOOTH", "HAS_Z", "HAS_SOFTCAP", "HAS_SCALE", "RETURN_GRAD")
+            kw = self.flags[flags] = {**dict(zip(names, flags)), **self.consts}
+        return kw
+
+
+def _plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> _Plan:
+    return _Plan(cfg, n_cols, n_rows)
+
+
 def ce_rows(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -168,6 +208,7 @@ def ce_rows(
     return_grad: bool = True,
     grad: torch.Tensor | None = None,
     config: Resolved | None = None,
+    dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the cross-entropy kernel on 2-D ``logits`` (rows, V) with a contiguous last dimension
     and 1-D integer ``target`` (rows,).
@@ -178,10 +219,11 @@ def ce_rows(
     over ``logits`` itself, in place; pass a tensor of the logits' shape and dtype with a
     contiguous last dimension to keep the logits). ``scale`` is an optional device tensor, one
     value (numel 1) or one per row: the mean's 1/count without a host sync, or per-row factors.
-    ``config`` overrides the launch config (the fused linear cross-entropy passes its own).
+    ``config`` overrides the launch config (the fused linear cross-entropy passes its own);
+    ``dev`` is the :class:`~liger_portable.DeviceInfo` of ``logits`` where the caller knows it.
     """
     n_rows, n_cols = logits.shape
-    cfg = config or resolve("cross_entropy", device_info(logits), (n_cols, n_rows), logits.dtype)
+    p = plan("cross_entropy", dev or device_info(logits), (n_cols, n_rows), logits.dtype, _plan, config)
     loss = _empty((n_rows,), dtype=torch.float32, device=logits.device)
     has_z = lse_square_scale != 0.0
     z = _empty((n_rows,), dtype=torch.float32, device=logits.device) if has_z else None
@@ -189,38 +231,35 @@ def ce_rows(
         grad = logits
     if n_rows == 0:
         return loss, z
-    _ce_kernel[(n_rows,)](
-        logits, logits.stride(0), grad, grad.stride(0), target, loss, z if has_z else loss,
-        scale if scale is not None else loss, 0 if scale is None or scale.numel() == 1 else scale.stride(0),
-        n_cols, ignore_index, float(label_smoothing), float(lse_square_scale),
-        float(softcap) if softcap is not None else 1.0, float(grad_scale),
-        HAS_SMOOTH=label_smoothing != 0.0, HAS_Z=has_z, HAS_SOFTCAP=softcap is not None,
-        HAS_SCALE=scale is not None, RETURN_GRAD=return_grad,
-        **cfg.launch,
+    _launch_ce(
+        p.grid,
+        (
+            logits, logits.stride(0), grad, grad.stride(0), target, loss, z if has_z else loss,
+            scale if scale is not None else loss, 0 if scale is None or scale.numel() == 1 else scale.stride(0),
+            n_cols, ignore_index, float(label_smoothing), float(lse_square_scale),
+            float(softcap) if softcap is not None else 1.0, float(grad_scale),
+        ),
+        p.kwargs((label_smoothing != 0.0, has_z, softcap is not None, scale is not None, return_grad)),
+        p.opts,
     )
     return loss, z
 
 
-def scale_rows_(g: torch.Tensor, s: torch.Tensor, config: Resolved | None = None) -> torch.Tensor:
+def scale_rows_(g: torch.Tensor, s: torch.Tensor, config: Resolved | None = None, dev=None) -> torch.Tensor:
     """In place ``g[r] *= s[r]`` (``s`` of numel 1: one factor for all rows) on a 2-D ``g`` with a
     contiguous last dimension; rows whose factor is exactly 1 are not touched. No host sync.
     ``s`` may be strided (an expanded ``grad_output`` of ``loss.sum()`` has stride 0)."""
     n_rows, n_cols = g.shape
     if g.numel() == 0:
         return g
-    cfg = config or resolve("cross_entropy", device_info(g), (n_cols, n_rows), g.dtype)
+    p = plan("cross_entropy", dev or device_info(g), (n_cols, n_rows), g.dtype, _plan, config)
     s = s.reshape(-1)
     if s.numel() == 1 and g.is_contiguous():
-        block = min(cfg.meta["BLOCK_V"], triton.next_power_of_2(g.numel()))
-        _scale_flat_kernel[(triton.cdiv(g.numel(), block),)](
-            g, s, g.numel(), BLOCK=block, num_warps=min(cfg.launch["num_warps"], max(1, block // 256)),
-        )
+        grid, consts, opts = p.flat
+        _launch_scale_flat(grid, (g, s, g.numel()), consts, opts)
         return g
-    block = min(cfg.meta["BLOCK_V"], triton.next_power_of_2(n_cols))
-    _scale_rows_kernel[(n_rows, triton.cdiv(n_cols, block))](
-        g, g.stride(0), s, 0 if s.numel() == 1 else s.stride(0), n_cols,
-        BLOCK=block, num_warps=min(cfg.launch["num_warps"], max(1, block // 256)),
-    )
+    grid, consts, opts = p.rows
+    _launch_scale_rows(grid, (g, g.stride(0), s, 0 if s.numel() == 1 else s.stride(0), n_cols), consts, opts)
     return g
 
 
@@ -231,7 +270,7 @@ def mean_scale(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- autograd
-# Eager calls take a plain autograd.Function: the forward computes the loss and the (scaled)
+# Declared once, as an autograd.Function. Eager: the forward computes the loss and the (scaled)
 # gradient in one launch and keeps the gradient; the backward multiplies it by the incoming
 # gradient in place (skipped where that is exactly 1). Under torch.compile the launch runs inside
 # a custom op, opaque to the compiler (no graph break), which returns the unscaled gradient as an
@@ -244,72 +283,6 @@ def _reduce(loss_rows, z_rows, reduction, scale, dtype):
     if reduction == "sum":
         return loss_rows.sum().to(dtype), None if z_rows is None else z_rows.sum().to(dtype)
     return (loss_rows.sum() * scale[0]).to(dtype), None if z_rows is None else (z_rows.sum() * scale[0]).to(dtype)
-
-
-class _CrossEntropyFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace):
-        want_grad = ctx.needs_input_grad[0]
-        scale = mean_scale(target, ignore_index) if reduction == "mean" else None
-        grad = None
-        if want_grad:
-            grad = logits if inplace else _empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        loss_rows, z_rows = ce_rows(
-            logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
-            lse_square_scale=lse_square_scale, softcap=softcap,
-            scale=scale if reduction == "mean" else None, return_grad=want_grad, grad=grad,
-        )
-        if want_grad and inplace:
-            # The kernel wrote the gradient over the logits behind autograd's back: bump their
-            # version, so any other node that saved them fails loudly instead of reading gradients.
-            torch.autograd.graph.increment_version(logits)
-        ctx.grad = grad
-        ctx.reduction = reduction
-        ctx.done = False
-        loss, z = _reduce(loss_rows, z_rows, reduction, scale, logits.dtype)
-        if z is None:
-            z = loss.new_zeros(())
-        ctx.mark_non_differentiable(z)
-        return loss, z
-
-    @staticmethod
-    def backward(ctx, dloss, _dz):
-        if ctx.done:
-            raise RuntimeError(
-                "liger_portable cross_entropy can run backward only once: the gradient computed in the "
-                "forward was scaled in place by the first backward. For retain_graph=True or double "
-                "backward use torch.nn.functional.cross_entropy."
-            )
-        ctx.done = True
-        grad = ctx.grad
-        ctx.grad = None
-        if dloss is not None:
-            scale_rows_(grad, dloss.reshape(-1).to(torch.float32))
-        return grad, None, None, None, None, None, None, None
-
-
-def cross_entropy(
-    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
-    lse_square_scale: float, softcap: float | None, reduction: str, inplace: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Differentiable cross-entropy of 2-D ``logits`` (last dimension contiguous) and 1-D ``target``.
-
-    Returns ``(loss, z_loss)`` reduced per ``reduction``, in the logits dtype; ``z_loss`` is None
-    without ``lse_square_scale``. ``inplace``: the gradient is written over ``logits`` during the
-    forward (no memory beyond the logits); ignored under torch.compile.
-    """
-    has_z = lse_square_scale != 0.0
-    if torch.compiler.is_compiling():
-        loss_rows, z_rows, _ = cross_entropy_op(
-            logits, target, ignore_index, label_smoothing, lse_square_scale,
-            -1.0 if softcap is None else softcap,
-        )
-        scale = mean_scale(target, ignore_index) if reduction == "mean" else None
-        return _reduce(loss_rows, z_rows if has_z else None, reduction, scale, logits.dtype)
-    loss, z = _CrossEntropyFunction.apply(
-        logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace
-    )
-    return loss, z if has_z else None
 
 
 @torch.library.custom_op("liger_portable::cross_entropy", mutates_args=())
@@ -332,14 +305,82 @@ def _(logits, target, ignore_index, label_smoothing, lse_square_scale, softcap):
     return rows, torch.empty_like(rows), torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
-def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(output[2])
-    ctx.mark_non_differentiable(output[1], output[2])
+class _CrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace, dev
+    ):
+        ctx.reduction = reduction
+        if torch.compiler.is_compiling():
+            loss_rows, z_rows, grad = cross_entropy_op(
+                logits, target, ignore_index, label_smoothing, lse_square_scale,
+                -1.0 if softcap is None else softcap,
+            )
+            scale = mean_scale(target, ignore_index) if reduction == "mean" else None
+            loss, z = _reduce(
+                loss_rows, z_rows if lse_square_scale != 0.0 else None, reduction, scale, logits.dtype
+            )
+            ctx.save_for_backward(grad, scale)
+        else:
+            want_grad = ctx.needs_input_grad[0]
+            scale = mean_scale(target, ignore_index) if reduction == "mean" else None
+            grad = None
+            if want_grad:
+                grad = logits if inplace else _empty(logits.shape, dtype=logits.dtype, device=logits.device)
+            loss_rows, z_rows = ce_rows(
+                logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                lse_square_scale=lse_square_scale, softcap=softcap,
+                scale=scale if reduction == "mean" else None, return_grad=want_grad, grad=grad, dev=dev,
+            )
+            if want_grad and inplace:
+                # The kernel wrote the gradient over the logits behind autograd's back: bump their
+                # version, so any other node that saved them fails loudly instead of reading gradients.
+                torch.autograd.graph.increment_version(logits)
+            ctx.grad = grad
+            ctx.done = False
+            ctx.dev = dev
+            loss, z = _reduce(loss_rows, z_rows, reduction, scale, logits.dtype)
+        if z is None:
+            z = loss.new_zeros(())
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx, dloss, _dz):
+        if torch.compiler.is_compiling():
+            # The gradient of the reduction, then the unscaled row gradients times it (out of place).
+            grad, scale = ctx.saved_tensors
+            dloss_rows = dloss.to(torch.float32)
+            if ctx.reduction == "mean":
+                dloss_rows = dloss_rows * scale[0]
+            dloss_rows = dloss_rows.reshape(-1, 1)  # one factor per row, or one for all rows
+            return (grad * dloss_rows).to(grad.dtype), None, None, None, None, None, None, None, None
+        if ctx.done:
+            raise RuntimeError(
+                "liger_portable cross_entropy can run backward only once: the gradient computed in the "
+                "forward was scaled in place by the first backward. For retain_graph=True or double "
+                "backward use torch.nn.functional.cross_entropy."
+            )
+        ctx.done = True
+        grad = ctx.grad
+        ctx.grad = None
+        if dloss is not None:
+            scale_rows_(grad, dloss.reshape(-1).to(torch.float32), dev=ctx.dev)
+        return grad, None, None, None, None, None, None, None, None
 
 
-def _backward(ctx, dloss_rows, _dz, _dgrad):
-    (grad,) = ctx.saved_tensors
-    return (grad * dloss_rows[:, None]).to(grad.dtype), None, None, None, None, None
+def cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
+    lse_square_scale: float, softcap: float | None, reduction: str, inplace: bool, dev=None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Differentiable cross-entropy of 2-D ``logits`` (last dimension contiguous) and 1-D ``target``.
 
-
-cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)
+    Returns ``(loss, z_loss)`` reduced per ``reduction``, in the logits dtype; ``z_loss`` is None
+    without ``lse_square_scale``. ``inplace``: the gradient is written over ``logits`` during the
+    forward (no memory beyond the logits); ignored under torch.compile. ``dev`` is the
+    :class:`~liger_portable.DeviceInfo` of ``logits`` where the caller has it (None: looked up).
+    """
+    loss, z = _CrossEntropyFunction.apply(
+        logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace, dev
+    )
+    return loss, z if lse_square_scale != 0.0 else None
