@@ -37,9 +37,10 @@ from typing import Optional
 
 import torch
 
-from .._configs import Resolved, resolve
+from .._configs import Resolved
 from .._dispatch import device_info
 from ..fallback.cross_entropy import chunk_rows
+from ._launch import plan
 from .cross_entropy import ce_rows, mean_scale, scale_rows_
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -49,10 +50,18 @@ _empty = torch.empty
 _CHUNK_UNIT = 2**20
 
 
-def _config(hidden, weight, config):
-    return config or resolve(
-        "fused_linear_cross_entropy", device_info(hidden), (weight.shape[0], hidden.shape[0], hidden.shape[1]),
-        hidden.dtype,
+def _resolved(cfg: Resolved, dev, *problem) -> Resolved:
+    return cfg
+
+
+def _config(hidden, weight, config, dev=None):
+    """The resolved config (``config`` where given), memoized per problem like a launch plan: the
+    chunk loop's launches take it as their explicit config."""
+    if config is not None:
+        return config
+    return plan(
+        "fused_linear_cross_entropy", dev or device_info(hidden), (weight.shape[0], hidden.shape[0], hidden.shape[1]),
+        hidden.dtype, _resolved,
     )
 
 
@@ -91,20 +100,20 @@ def _accumulate(g, hc, weight, gh, gw, gb32, s, e, first, alpha=1.0):
             gb32 += g.sum(0, dtype=torch.float32)
 
 
-def _finish_(gh, gw, gb, gb32, alpha: float, factor: torch.Tensor | None) -> None:
+def _finish_(gh, gw, gb, gb32, alpha: float, factor: torch.Tensor | None, dev) -> None:
     """After the last chunk: the bias gradient from its fp32 sum (times ``alpha``), then every
     gradient times the device tensor ``factor`` (None: none; rows where it is exactly 1 are skipped)."""
     if gb is not None:
         gb.copy_(gb32.mul_(alpha) if alpha != 1.0 else gb32)
     if factor is not None:
-        _scale_grads_((gh, gw, gb), factor)
+        _scale_grads_((gh, gw, gb), factor, dev)
 
 
-def _scale_grads_(grads, factor: torch.Tensor) -> None:
+def _scale_grads_(grads, factor: torch.Tensor, dev) -> None:
     """In place ``g *= factor`` (a 1-element device tensor: no host sync) for each gradient not None."""
     for g in grads:
         if g is not None:
-            scale_rows_(g.view(-1, g.shape[-1]), factor)
+            scale_rows_(g.view(-1, g.shape[-1]), factor, dev=dev)
 
 
 # fp16 logit gradients are written multiplied by this power of two and the matmuls scale their
@@ -119,7 +128,7 @@ def flce_fwd(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
     ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float | None,
     reduction: str, want: tuple[bool, bool, bool] = (True, True, True), config: Resolved | None = None,
-    chunk_mib: int | None = None,
+    chunk_mib: int | None = None, dev=None,
 ):
     """Forward of the fused linear cross-entropy on 2-D ``hidden`` (BT, H), ``weight`` (V, H),
     1-D ``target`` (BT,), optional ``bias`` (V,).
@@ -128,9 +137,11 @@ def flce_fwd(
     (z-loss included) and z-losses (None without ``lse_square_scale``), and the gradients of the
     reduced loss (``mean`` / ``sum``) for the inputs flagged in ``want`` (else None; always None for
     ``reduction="none"``). ``config`` overrides the resolved config (BLOCK_V, warps, CHUNK_MIB);
-    ``chunk_mib`` (None: the config's) the MiB of logits per chunk.
+    ``chunk_mib`` (None: the config's) the MiB of logits per chunk; ``dev`` the
+    :class:`~liger_portable.DeviceInfo` of ``hidden`` where the caller knows it.
     """
-    cfg = _config(hidden, weight, config)
+    dev = dev or device_info(hidden)
+    cfg = _config(hidden, weight, config, dev)
     n_rows, n_cols = hidden.shape[0], weight.shape[0]
     want_h, want_w, want_b = want
     want_b = want_b and bias is not None
@@ -161,7 +172,7 @@ def flce_fwd(
         lr, zr = ce_rows(
             logits, target[s:e], ignore_index=ignore_index, label_smoothing=label_smoothing,
             lse_square_scale=lse_square_scale, softcap=softcap, grad_scale=grad_scale, scale=kernel_scale,
-            return_grad=grads, config=cfg,
+            return_grad=grads, config=cfg, dev=dev,
         )
         loss_rows[s:e] = lr
         if z_rows is not None:
@@ -169,7 +180,7 @@ def flce_fwd(
         if grads:
             _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0, alpha)
     # fp16 mean: the n_rows / count that alpha left out
-    _finish_(gh, gw, gb, gb32, alpha, scale * n_rows if half and scale is not None else None)
+    _finish_(gh, gw, gb, gb32, alpha, scale * n_rows if half and scale is not None else None, dev)
     return loss_rows, z_rows, gh, gw, gb
 
 
@@ -177,11 +188,12 @@ def flce_bwd_recompute(
     dloss_rows: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     bias: torch.Tensor | None, ignore_index: int, label_smoothing: float, lse_square_scale: float,
     softcap: float | None, want: tuple[bool, bool, bool] = (True, True, True), config: Resolved | None = None,
-    chunk_mib: int | None = None,
+    chunk_mib: int | None = None, dev=None,
 ):
     """Backward of ``reduction="none"``: recompute each chunk's logits and write the gradients of
     ``sum(dloss_rows * loss_rows)``. Returns ``(grad_hidden, grad_weight, grad_bias)``."""
-    cfg = _config(hidden, weight, config)
+    dev = dev or device_info(hidden)
+    cfg = _config(hidden, weight, config, dev)
     n_cols = weight.shape[0]
     want_h, want_w, want_b = want
     want_b = want_b and bias is not None
@@ -209,10 +221,10 @@ def flce_bwd_recompute(
         ce_rows(
             logits, target[s:e], ignore_index=ignore_index, label_smoothing=label_smoothing,
             lse_square_scale=lse_square_scale, softcap=softcap, scale=dloss_rows[s:e], return_grad=True,
-            config=cfg,
+            config=cfg, dev=dev,
         )
         _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0, alpha)
-    _finish_(gh, gw, gb, gb32, alpha, peak)
+    _finish_(gh, gw, gb, gb32, alpha, peak, dev)
     return gh, gw, gb
 
 
@@ -232,74 +244,10 @@ def _reduce(loss_rows, z_rows, reduction, target, ignore_index, dtype):
 
 
 # --------------------------------------------------------------------------- autograd
-
-
-class _FLCEFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction,
-                chunk_mib):
-        want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3])
-        loss_rows, z_rows, gh, gw, gb = flce_fwd(
-            hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, want,
-            chunk_mib=chunk_mib,
-        )
-        ctx.reduction, ctx.want, ctx.done, ctx.chunk_mib = reduction, want, False, chunk_mib
-        ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
-        if reduction == "none":
-            ctx.save_for_backward(hidden, weight, target, bias)
-        else:
-            ctx.grads = (gh, gw, gb)
-        loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, loss_dtype(hidden.dtype))
-        if z is None:
-            z = loss.new_zeros(())
-        ctx.mark_non_differentiable(z)
-        return loss, z
-
-    @staticmethod
-    def backward(ctx, dloss, _dz):
-        if ctx.reduction == "none":
-            hidden, weight, target, bias = ctx.saved_tensors
-            gh, gw, gb = flce_bwd_recompute(
-                dloss, hidden, weight, target, bias, *ctx.options, want=ctx.want, chunk_mib=ctx.chunk_mib
-            )
-            return gh, gw, None, gb, None, None, None, None, None, None
-        if ctx.done:
-            raise RuntimeError(
-                "liger_portable fused_linear_cross_entropy can run backward only once: its gradients are "
-                "computed in the forward and scaled in place by the first backward. For retain_graph=True "
-                "or double backward use reduction='none' and reduce it yourself."
-            )
-        ctx.done = True
-        gh, gw, gb = ctx.grads
-        ctx.grads = None
-        f = dloss.reshape(1).to(torch.float32)
-        _scale_grads_((gh, gw, gb), f)
-        return gh, gw, None, gb, None, None, None, None, None, None
-
-
-def fused_linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-    ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float | None, reduction: str,
-    chunk_mib: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Differentiable fused linear cross-entropy of 2-D ``hidden``, ``weight``, 1-D ``target``.
-    Returns ``(loss, z_loss)`` (``z_loss`` None without ``lse_square_scale``). ``chunk_mib``: MiB
-    of logits per token chunk (None: the resolved config's ``CHUNK_MIB``)."""
-    has_z = lse_square_scale != 0.0
-    if torch.compiler.is_compiling():
-        loss, z, *_ = flce_op(
-            hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale,
-            -1.0 if softcap is None else softcap, reduction, chunk_mib or 0,
-        )
-        return loss, z if has_z else None
-    loss, z = _FLCEFunction.apply(
-        hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, chunk_mib
-    )
-    return loss, z if has_z else None
-
-
-# Under torch.compile: custom ops, opaque to the compiler. The forward op returns the reduced loss
-# and (mean / sum) the gradients as extra outputs; the backward multiplies them (out of place).
+# Declared once: an autograd.Function whose forward and backward run the chunk loops directly in
+# eager mode (the cheapest path on the host) and, under torch.compile, call them as custom ops,
+# opaque to the compiler (no graph break). There the forward op returns the reduced loss and (mean /
+# sum) the gradients as extra outputs, and the backward multiplies them (out of place).
 
 
 @torch.library.custom_op("liger_portable::fused_linear_cross_entropy", mutates_args=())
@@ -353,24 +301,81 @@ def _(dloss, hidden, weight, target, bias, ignore_index, label_smoothing, lse_sq
     return torch.empty_like(hidden), torch.empty_like(weight), gb
 
 
-def _setup_context(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, chunk_mib = inputs
-    ctx.reduction, ctx.has_bias = reduction, bias is not None
-    ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap, chunk_mib)
-    if reduction == "none":
-        ctx.save_for_backward(hidden, weight, target, bias)
-    else:
-        ctx.save_for_backward(output[2], output[3], output[4])
-    ctx.mark_non_differentiable(*output[1:])
+class _FLCEFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction,
+                chunk_mib, dev):
+        ctx.reduction = reduction
+        if torch.compiler.is_compiling():
+            # softcap <= 0 and chunk_mib 0 stand for None in the ops' schemas
+            options = (
+                ignore_index, label_smoothing, lse_square_scale, -1.0 if softcap is None else softcap, chunk_mib or 0
+            )
+            loss, z, gh, gw, gb = flce_op(hidden, weight, target, bias, *options[:4], reduction, options[4])
+            ctx.options, ctx.has_bias = options, bias is not None
+            if reduction == "none":
+                ctx.save_for_backward(hidden, weight, target, bias)
+            else:
+                ctx.save_for_backward(gh, gw, gb)
+            ctx.mark_non_differentiable(z)
+            return loss, z
+        want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3])
+        loss_rows, z_rows, gh, gw, gb = flce_fwd(
+            hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, want,
+            chunk_mib=chunk_mib, dev=dev,
+        )
+        ctx.want, ctx.done, ctx.chunk_mib, ctx.dev = want, False, chunk_mib, dev
+        ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap)
+        if reduction == "none":
+            ctx.save_for_backward(hidden, weight, target, bias)
+        else:
+            ctx.grads = (gh, gw, gb)
+        loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, loss_dtype(hidden.dtype))
+        if z is None:
+            z = loss.new_zeros(())
+        ctx.mark_non_differentiable(z)
+        return loss, z
+
+    @staticmethod
+    def backward(ctx, dloss, _dz):
+        if torch.compiler.is_compiling():
+            if ctx.reduction == "none":
+                hidden, weight, target, bias = ctx.saved_tensors
+                gh, gw, gb = flce_backward_op(dloss, hidden, weight, target, bias, *ctx.options)
+            else:
+                gh, gw, gb = ((g * dloss).to(g.dtype) for g in ctx.saved_tensors)
+            return gh, gw, None, gb if ctx.has_bias else None, None, None, None, None, None, None, None
+        if ctx.reduction == "none":
+            hidden, weight, target, bias = ctx.saved_tensors
+            gh, gw, gb = flce_bwd_recompute(
+                dloss, hidden, weight, target, bias, *ctx.options, want=ctx.want, chunk_mib=ctx.chunk_mib, dev=ctx.dev
+            )
+            return gh, gw, None, gb, None, None, None, None, None, None, None
+        if ctx.done:
+            raise RuntimeError(
+                "liger_portable fused_linear_cross_entropy can run backward only once: its gradients are "
+                "computed in the forward and scaled in place by the first backward. For retain_graph=True "
+                "or double backward use reduction='none' and reduce it yourself."
+            )
+        ctx.done = True
+        gh, gw, gb = ctx.grads
+        ctx.grads = None
+        f = dloss.reshape(1).to(torch.float32)
+        _scale_grads_((gh, gw, gb), f, ctx.dev)
+        return gh, gw, None, gb, None, None, None, None, None, None, None
 
 
-def _backward(ctx, dloss, _dz, _dgh, _dgw, _dgb):
-    if ctx.reduction == "none":
-        hidden, weight, target, bias = ctx.saved_tensors
-        gh, gw, gb = flce_backward_op(dloss, hidden, weight, target, bias, *ctx.options)
-    else:
-        gh, gw, gb = ((g * dloss).to(g.dtype) for g in ctx.saved_tensors)
-    return gh, gw, None, gb if ctx.has_bias else None, None, None, None, None, None, None
-
-
-flce_op.register_autograd(_backward, setup_context=_setup_context)
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float | None, reduction: str,
+    chunk_mib: int | None = None, dev=None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Differentiable fused linear cross-entropy of 2-D ``hidden``, ``weight``, 1-D ``target``.
+    Returns ``(loss, z_loss)`` (``z_loss`` None without ``lse_square_scale``). ``chunk_mib``: MiB
+    of logits per token chunk (None: the resolved config's ``CHUNK_MIB``); ``dev`` the
+    :class:`~liger_portable.DeviceInfo` of ``hidden`` where the caller has it (None: looked up)."""
+    loss, z = _FLCEFunction.apply(
+        hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, chunk_mib,
+        dev,
+    )
+    return loss, z if lse_square_scale != 0.0 else None
