@@ -15,6 +15,7 @@ import json
 import math
 import re
 import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -377,6 +378,219 @@ def test_match_must_be_a_list_of_patterns():
     data = raw_table("cuda")
     data["sections"]["sm100"]["match"] = "sm10*"
     expect_config_error(data, "cuda", "cuda.json", "[sm100]", "match")
+
+
+# --------------------------------------------------------------------------- inheritance: base.json -> default -> arch
+
+ROW_FWD = "rms_norm_fwd, fused_add_rms_norm_fwd, layer_norm_fwd"
+GLU = "swiglu_fwd, swiglu_bwd, geglu_fwd, geglu_bwd"
+
+
+def test_arch_section_overriding_one_kernel_inherits_the_others():
+    data = raw_table("cuda")
+    data["sections"]["sm80"]["kernels"]["rms_norm_fwd"] = {
+        "rules": [{"upto": {"n_cols": 512}, "config": {"num_warps": 2, "BLOCK_M": 2, "BLOCK_N_MAX": 512}, "why": "test"}]
+    }
+    t, default = parse(data, "cuda"), parse(raw_table("cuda"), "cuda")
+    problem = {"n_cols": 300, "n_rows": 1000}
+    cfg, where = table_config(t, "sm80", "rms_norm_fwd", problem)
+    assert where == "table cuda.json [sm80] rule 0"
+    assert cfg == {"num_stages": 1, "num_warps": 2, "BLOCK_M": 2, "BLOCK_N_MAX": 512}  # num_stages from base.json
+    # sizes the arch rules leave out, and the kernels the section does not list: the default's answer
+    for kernel, n in [("rms_norm_fwd", 4096), *((k, 300) for k in SPECS if k != "rms_norm_fwd")]:
+        p = _problem(SPECS[kernel], n)
+        assert table_config(t, "sm80", kernel, p) == table_config(default, "sm86", kernel, p), kernel
+        assert search_space(t, "sm80", kernel) == search_space(default, "sm86", kernel), kernel
+
+
+def test_arch_entry_fields_override_one_by_one():
+    data = raw_table("xpu")
+    kernels = data["sections"]["xe-hpc"]["kernels"]
+    kernels["rms_norm_fwd"]["base"] = {"num_stages": 2}  # merged over the default's base
+    kernels["rms_norm_bwd"] = {"search": {"space": {"num_warps": [8]}, "why": "test"}}  # search only
+    t, shipped = parse(data, "xpu"), load_table("xpu")
+    cfg, where = table_config(t, "xe-hpc", "rms_norm_fwd", {"n_cols": 20000, "n_rows": 1})
+    assert where == "table xpu.json [xe-hpc] rule 1" and cfg["num_stages"] == 2 and cfg["grf_mode"] == "256"
+    p = {"n_cols": 2000, "n_rows": 1}
+    assert table_config(t, "xe-hpc", "rms_norm_bwd", p) == table_config(shipped, "xe2", "rms_norm_bwd", p)
+    assert search_space(t, "xe-hpc", "rms_norm_bwd") == {"num_warps": [8]}
+    # a base without rules would change nothing: an arch section's base applies to its own rules
+    kernels["rms_norm_bwd"] = {"base": {"num_stages": 2}}
+    expect_config_error(data, "xpu", "xpu.json [xe-hpc] kernel 'rms_norm_bwd'", "'base' without 'rules'")
+
+
+def test_vendor_default_overrides_base_field_by_field():
+    data = raw_table("cuda")
+    kernels = data["sections"]["default"]["kernels"]
+    kernels["swiglu_fwd"] = {"base": {"num_stages": 2}}  # rules and search from base.json
+    kernels["geglu_bwd"] = {"search": {"space": {"num_warps": [4, 8]}, "why": "test"}}
+    t, base = parse(data, "cuda"), raw_table("base")
+    glu = entry_of(base["kernels"], "swiglu_fwd")
+    p = {"n_cols": 4096, "n_rows": 1}
+    cfg, where = table_config(t, "sm86", "swiglu_fwd", p)
+    assert where == "table base.json rule 1 (inherited by cuda.json [default])"
+    assert cfg == {**glu["rules"][1]["config"], "num_stages": 2}
+    assert search_space(t, "sm86", "swiglu_fwd") == glu["search"]["space"]
+    assert table_config(t, "sm86", "swiglu_bwd", p)[0]["num_stages"] == 1  # the group's others untouched
+    assert search_space(t, "sm86", "geglu_bwd") == {"num_warps": [4, 8]}
+    assert table_config(t, "sm86", "geglu_bwd", p) == (cfg | {"num_stages": 1}, where)
+    # the shipped cuda default overrides RoPE's rules and inherits its search and HEADS base
+    rope = load_table("cuda").sections["default"].kernels["rope"]
+    assert rope.search == entry_of(base["kernels"], "rope")["search"]["space"]
+    assert [r.source for r in rope.rules] == ["", ""]  # written in cuda.json
+    assert load_table("cuda").sections["default"].kernels["rope"].rules[1].config["HEADS"] == 8
+
+
+def test_section_base_is_merged_under_every_entry():
+    t = load_table("rocm")
+    for sname in ("default", "rdna"):
+        for kernel, entry in t.sections[sname].kernels.items():
+            assert all(r.config["num_stages"] == 2 for r in entry.rules), (sname, kernel)
+    assert t.sections["default"].kernels["rope"].rules[0].config["HEADS"] == 1  # from base.json's rope base
+
+
+def test_inherits_base_skips_the_vendor_default():
+    t = load_table("rocm")
+    cfg, where = table_config(t, "gfx1100", "swiglu_fwd", {"n_cols": 4096, "n_rows": 1})
+    assert where == "table base.json rule 1 (inherited by rocm.json [rdna])"
+    assert cfg["num_warps"] == 8 and table_config(t, "gfx942", "swiglu_fwd", {"n_cols": 4096, "n_rows": 1})[0]["num_warps"] == 4
+
+
+@pytest.mark.parametrize("option", sorted(ALL_BACKEND_OPTIONS))
+@pytest.mark.parametrize("where", ["rule", "base", "search", "file base"])
+def test_backend_option_in_base_json_is_rejected(tmp_path, option, where):
+    base = raw_table("base")
+    entry = entry_of(base["kernels"], "rms_norm_fwd")
+    value = "256" if option == "grf_mode" else 2
+    if where == "rule":
+        entry["rules"][2]["config"][option] = value
+        fragments = ("base.json kernel 'rms_norm_fwd' rule 2",)
+    elif where == "base":
+        entry["base"] = {option: value}
+        fragments = ("base.json kernel 'rms_norm_fwd' base",)
+    elif where == "search":
+        entry["search"]["space"][option] = [value]
+        fragments = ("base.json kernel 'rms_norm_fwd' search",)
+    else:
+        base["base"][option] = value
+        fragments = ("base.json base",)
+    owner = next(b for b, opts in BACKEND_OPTIONS.items() if option in opts)
+    for backend in GPU_BACKENDS:  # even the vendor that owns the option: base.json is vendor-neutral
+        expect_config_error(raw_table(backend), backend, *fragments, repr(option), f"a {owner} launch option",
+                            base=base, tmp=tmp_path)
+
+
+@pytest.mark.parametrize("backend, key, section", [
+    ("cuda", ROW_FWD, "default"), ("rocm", ROW_FWD, "rdna"), ("xpu", GLU, "default"),
+])
+def test_error_in_inherited_rule_names_both_files(tmp_path, backend, key, section):
+    base = raw_table("base")
+    base["kernels"][key]["rules"][-1]["config"]["num_warps"] = 64
+    kernel = key.split(",")[0]
+    i = len(base["kernels"][key]["rules"]) - 1
+    expect_config_error(raw_table(backend), backend,
+                        f"base.json kernel '{kernel}' rule {i} (inherited by {backend}.json [{section}])",
+                        "'num_warps'=64", "2048 threads", base=base, tmp=tmp_path)
+
+
+def test_error_in_inherited_base_field_names_both_files(tmp_path):
+    base = raw_table("base")
+    base["kernels"]["rope"]["base"]["HEADS"] = 3
+    expect_config_error(raw_table("cuda"), "cuda", "base.json kernel 'rope' base (inherited by cuda.json [default])",
+                        "'HEADS'", base=base, tmp=tmp_path)
+
+
+@pytest.mark.parametrize("how", ["base.json", "rdna"])
+def test_merged_rules_need_catch_all(tmp_path, how):
+    data, base = raw_table("rocm"), raw_table("base")
+    if how == "base.json":
+        base["kernels"][GLU]["rules"].pop()
+        expect_config_error(data, "rocm", "base.json kernel 'swiglu_fwd'", "catch-all", base=base, tmp=tmp_path)
+    else:  # rdna inherits base.json like a vendor default: complete lists only
+        data["sections"]["rdna"]["kernels"]["rms_norm_bwd"]["rules"].pop()
+        expect_config_error(data, "rocm", "rocm.json [rdna] kernel 'rms_norm_bwd'", "catch-all")
+
+
+def test_inherits_base_section_missing_a_kernel(tmp_path):
+    data, base = raw_table("rocm"), raw_table("base")
+    del base["kernels"]["cross_entropy"]  # rocm's default has its own, rdna has none
+    expect_config_error(data, "rocm", "rocm.json [rdna]", "cross_entropy", base=base, tmp=tmp_path)
+
+
+@pytest.mark.parametrize("change, fragments", [
+    (lambda d, b: d["sections"]["sm90"]["kernels"].update({"rms_norm_fwd, layer_norm_bwd": {"rules": []}}),
+     ("cuda.json [sm90] kernel 'rms_norm_fwd'", "listed twice")),
+    (lambda d, b: d["sections"]["sm90"].update(inherits="vendor"), ("cuda.json [sm90]", "'inherits'")),
+    (lambda d, b: d["sections"]["default"].update(inherits="base"), ("cuda.json [default]", "'inherits'")),
+    (lambda d, b: b.update(limits={}), ("base.json", "'limits'", "hardware facts")),
+    (lambda d, b: b["kernels"].update({"rms_norm_fwdd": {}}), ("base.json kernel 'rms_norm_fwdd'", "unknown kernel")),
+    (lambda d, b: b.update(schema=2), ("base.json", "'schema'")),
+], ids=["twice", "inherits-value", "inherits-in-default", "base-limits", "base-unknown-kernel", "base-schema"])
+def test_malformed_inheritance(tmp_path, change, fragments):
+    data, base = raw_table("cuda"), raw_table("base")
+    change(data, base)
+    expect_config_error(data, "cuda", *fragments, base=base, tmp=tmp_path)
+
+
+def test_every_base_json_rule_and_search_is_inherited():
+    """Every base.json value is checked against some vendor's limits: something inherits it."""
+    used = set()
+    for backend in GPU_BACKENDS:
+        t = load_table(backend)
+        for section in t.sections.values():
+            for kernel, entry in section.kernels.items():
+                used |= {(kernel, r.source.split(" (")[0]) for r in entry.rules if r.source}
+    for key, entry in raw_table("base")["kernels"].items():
+        for kernel in (k.strip() for k in key.split(",")):
+            for i in range(len(entry["rules"])):
+                assert (kernel, f"table base.json rule {i}") in used, (kernel, i)
+
+
+# The tables as they were before they inherited base.json (every section written out in full).
+PRE_INHERITANCE = "fd3fbac"
+
+
+def _pre_inheritance_tables(tmp_path) -> dict:
+    root = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "base.json").write_text(json.dumps({"schema": 1, "kernels": {}}))  # self-contained tables
+    tables = {}
+    for backend in GPU_BACKENDS:
+        try:
+            text = subprocess.run(["git", "-C", str(root), "show", f"{PRE_INHERITANCE}:backends/{backend}.json"],
+                                  capture_output=True, text=True, check=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            pytest.skip(f"needs the git history of the checkout (commit {PRE_INHERITANCE})")
+        (folder / f"{backend}.json").write_text(text)
+        tables[backend] = load_table(backend, directory=str(folder))
+    return tables
+
+
+def test_sparse_tables_resolve_as_the_full_ones_did(tmp_path):
+    """Rewriting the tables as overrides of base.json changed no config and no search space.
+    When a table value changes on purpose, this pin has served its purpose: delete the test."""
+    old = _pre_inheritance_tables(tmp_path)
+    bounds: dict[str, set] = {}
+    for t in (*old.values(), *(load_table(b) for b in GPU_BACKENDS)):
+        for s in t.sections.values():
+            for e in s.kernels.values():
+                for r in e.rules:
+                    for field, v in r.upto:
+                        bounds.setdefault(field, set()).update({v, v + 1})
+    n_cols = sorted({1, 37, 70001, 32000, 128256, 262144} | bounds["n_cols"])
+    values = {"n_cols": n_cols, "n_rows": [1, 65536], "hidden": sorted({896, 8192} | bounds["hidden"]),
+              "head_dim": sorted({64, 80, 128, 256} | bounds["head_dim"]), "n_heads": [32], "seq_len": [4096]}
+    archs = {"cuda": ["sm80", "sm86", "sm90", "sm100", "sm120"], "rocm": ["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx9999"],
+             "xpu": ["xe-hpc", "xe-hpg", "xe2", "xe3"]}
+    for backend, new in ((b, load_table(b)) for b in GPU_BACKENDS):
+        for arch, kernel in itertools.product(archs[backend], SPECS):
+            assert search_space(new, arch, kernel) == search_space(old[backend], arch, kernel), (arch, kernel)
+            key = SPECS[kernel].key
+            for p in itertools.product(*(values[k] for k in key)):
+                problem = dict(zip(key, p))
+                got, want = table_config(new, arch, kernel, problem)[0], table_config(old[backend], arch, kernel, problem)[0]
+                assert got == want, (arch, kernel, problem)
 
 
 # --------------------------------------------------------------------------- loading from disk
