@@ -6,14 +6,14 @@ dtype". It looks, in order, at
 1. the user autotune cache (``$LIGER_PORTABLE_CACHE_DIR`` or ``$XDG_CACHE_HOME/liger_portable``),
 2. the tuned files shipped in ``autotune_cache/``,
 3. the vendor table ``backends/<backend>.json``: the section of the device's arch, then the
-   vendor's ``default`` section.
+   vendor's ``default`` section, then ``backends/base.json`` (sparse tables: see :mod:`._tables`).
 
 With ``LIGER_PORTABLE_AUTOTUNE=1`` a miss in 1 and 2 is tuned once per process through the
 kernel's registered hook (:mod:`liger_portable._tune`) and recorded in 1 before falling back to 3.
 The answer is validated against the device's limits (threads per block, shared memory) and the
 backend's option names; answers are memoized, so that a repeated call costs one dict lookup.
 
-Table format (``backends/<backend>.json``)::
+Table format (``backends/<backend>.json``, as :func:`._tables.expand` flattens it)::
 
     {
       "schema": 1,
@@ -56,7 +56,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from . import _cache, _paths
+from . import _cache, _paths, _tables
 from ._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, DeviceInfo, on_reset
 from ._specs import SPECS, KernelSpec
 
@@ -195,6 +195,7 @@ def _check_limits(raw: Any, where: str) -> Limits:
 class Rule:
     upto: tuple[tuple[str, int], ...]
     config: dict[str, Any]
+    source: str = ""  # set for a rule inherited from base.json (see _tables)
 
     def matches(self, problem: Mapping[str, int]) -> bool:
         return all(problem[k] <= v for k, v in self.upto)
@@ -242,6 +243,7 @@ def _need(d: dict, key: str, typ: type, where: str):
 def parse_table(data: Any, path: Path, backend: str) -> Table:
     """Validate a decoded table and build a :class:`Table`. Errors name file, kernel and field."""
     f = path.name
+    data = _tables.expand(data, path, backend)  # base.json -> default -> arch sections, flattened
     if not isinstance(data, dict):
         raise ConfigError(f"{f}: top level must be an object")
     if data.get("schema") != SCHEMA:
@@ -265,6 +267,7 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
         kernels: dict[str, KernelEntry] = {}
         for kname, kraw in _need(raw, "kernels", dict, sw).items():
             kw = f"{sw} kernel {kname!r}"
+            kw = kraw.get("_where", kw) if isinstance(kraw, dict) else kw  # inherited: names base.json
             spec = SPECS.get(kname)
             if spec is None:
                 raise ConfigError(f"{kw}: unknown kernel; known kernels: {', '.join(SPECS)}")
@@ -277,6 +280,7 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
                 rw = f"{kw} rule {i}"
                 if not isinstance(rraw, dict):
                     raise ConfigError(f"{rw}: rule must be an object with 'config' and 'why'")
+                rw = rraw.get("_where", rw)
                 _need(rraw, "why", str, rw)
                 upto = rraw.get("upto", {})
                 if not isinstance(upto, dict):
@@ -291,7 +295,7 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
                         raise ConfigError(f"{rw}: field 'upto.{field_name}' must be an integer")
                 cfg = {**base, **_need(rraw, "config", dict, rw)}
                 _check_config(cfg, spec, backend, limits, rw)
-                rules.append(Rule(tuple(sorted(upto.items())), cfg))
+                rules.append(Rule(tuple(sorted(upto.items())), cfg, rraw.get("_source", "")))
             if sname == "default" and (not rules or rules[-1].upto):
                 raise ConfigError(f"{kw}: field 'rules' must end with a rule without 'upto' (catch-all)")
             search_raw = kraw.get("search")
@@ -299,7 +303,7 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
                 raise ConfigError(f"{kw}: missing field 'search' (the tuner's search space)")
             search: dict[str, list] = {}
             if search_raw is not None:
-                sw2 = f"{kw} search"
+                sw2 = search_raw.get("_where", f"{kw} search") if isinstance(search_raw, dict) else f"{kw} search"
                 if not isinstance(search_raw, dict):
                     raise ConfigError(f"{sw2}: must be an object with 'space' and 'why'")
                 _need(search_raw, "why", str, sw2)
@@ -350,7 +354,7 @@ def table_config(
             continue
         for i, rule in enumerate(entry.rules):
             if rule.matches(problem):
-                return rule.config, f"table {table.path.name} [{s.name}] rule {i}"
+                return rule.config, rule.source or f"table {table.path.name} [{s.name}] rule {i}"
     raise AssertionError("unreachable: default sections end with a catch-all rule")
 
 

@@ -36,12 +36,20 @@ def run_matrix(*args, cache: Path) -> subprocess.CompletedProcess:
 
 
 def broken_tables(tmp_path: Path, backend: str, kernel: str, change: dict) -> Path:
-    """A copy of backends/ whose ``backend`` table has ``change`` merged into rule 0 of ``kernel``."""
+    """A copy of backends/ whose ``backend`` table has ``change`` merged into rule 0 of ``kernel``
+    in its default section (which first takes base.json's entry if it inherits the kernel)."""
     d = tmp_path / "backends"
     shutil.copytree(ROOT / "backends", d)
     path = d / f"{backend}.json"
     data = json.loads(path.read_text())
-    data["sections"]["default"]["kernels"][kernel]["rules"][0]["config"].update(change)
+
+    def entry(kernels: dict) -> dict | None:
+        return next((e for k, e in kernels.items() if kernel in (n.strip() for n in k.split(","))), None)
+
+    kernels = data["sections"]["default"]["kernels"]
+    if entry(kernels) is None:
+        kernels[kernel] = {"rules": entry(json.loads((d / "base.json").read_text())["kernels"])["rules"]}
+    entry(kernels)["rules"][0]["config"].update(change)
     path.write_text(json.dumps(data))
     return d
 
