@@ -100,13 +100,19 @@ def _source_hash(rel: str) -> str:
     return cached
 
 
+# Sibling modules of the host's launch machinery (argument-binding cache, plan memo): they change how
+# fast a launch is made, never which kernel a config launches, so they do not version tuned entries.
+_UNVERSIONED = frozenset({"_launch"})
+
+
 def _source_files(path: Path, seen: set) -> list[Path]:
     if path in seen:
         return []
     seen.add(path)
     files = [path]
     for name in re.findall(r"^from \.(\w+) import", path.read_text(), flags=re.MULTILINE):
-        files += _source_files(path.parent / f"{name}.py", seen)
+        if name not in _UNVERSIONED:
+            files += _source_files(path.parent / f"{name}.py", seen)
     return files
 
 

@@ -15,7 +15,7 @@ from torch.nn.modules import module as _nn_module
 
 from . import _dtensor, fallback
 from ._checks import KERNEL_DTYPES, check_choice, check_float, check_nonneg_number
-from ._dispatch import kernel_device, same_device, use_kernels
+from ._dispatch import kernel_device, same_device
 
 # Triton has Linux wheels only; without it every call takes the fallback.
 if importlib.util.find_spec("triton") is not None:
@@ -49,12 +49,6 @@ __all__ = [
 CASTING_MODES = ("llama", "gemma")
 
 
-def _kernel_path(ops, device: torch.device, x: torch.Tensor) -> bool:
-    """True if a call on ``x`` runs the Triton kernels of ``ops``: Triton is present, ``device`` is
-    the detected GPU backend's (or simulated), the dtype has kernels and there is work to do."""
-    return ops is not None and use_kernels(device) and x.dtype in KERNEL_DTYPES and x.numel() > 0
-
-
 def _kernel_device(ops, device: torch.device, x: torch.Tensor):
     """The :class:`~liger_portable.DeviceInfo` a call on ``x`` launches the Triton kernels of ``ops``
     with, or None for the fallback: Triton is present, ``device`` is the detected GPU backend's (or
@@ -65,9 +59,13 @@ def _kernel_device(ops, device: torch.device, x: torch.Tensor):
     return kernel_device(device)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as a 2-D (rows, last dim) tensor whose last dimension is contiguous (no copy if possible)."""
-    if x.dim() == 2 and x.stride(1) == 1:  # already rows: no view op (each costs host time)
+def _rows(x: torch.Tensor, alias: bool = True) -> torch.Tensor:
+    """``x`` as a 2-D (rows, last dim) tensor whose last dimension is contiguous (no copy if possible).
+
+    ``alias=False``: a 2-D ``x`` is passed as it is (a view op costs host time). Ops whose backward
+    hands a gradient back in the storage of their input keep the default: autograd copies a
+    gradient that is the leaf tensor itself, but steals one that is a view of it."""
+    if not alias and x.dim() == 2 and x.stride(1) == 1:
         return x
     x2d = x.reshape(-1, x.shape[-1])
     return x2d if x2d.stride(-1) == 1 else x2d.contiguous()
@@ -122,7 +120,7 @@ def rms_norm(
     dev = _kernel_device(_rms_norm_ops, same_device(x=x, weight=weight), x)
     if dev is None:
         return fallback.rms_norm(x, weight, eps, float(offset), casting_mode)
-    y = _rms_norm_ops.rms_norm(_rows(x), weight.contiguous(), eps, float(offset), casting_mode == "gemma", dev)
+    y = _rms_norm_ops.rms_norm(_rows(x, alias=False), weight.contiguous(), eps, float(offset), casting_mode == "gemma", dev)
     return y if x.dim() == 2 else y.view(x.shape)
 
 
@@ -178,12 +176,13 @@ def layer_norm(
         device = same_device(x=x, weight=weight, bias=bias)
     else:
         device = same_device(x=x, weight=weight)
-    if not _kernel_path(_layer_norm_ops, device, x):
+    dev = _kernel_device(_layer_norm_ops, device, x)
+    if dev is None:
         return fallback.layer_norm(x, weight, bias, eps)
     y = _layer_norm_ops.layer_norm(
-        _rows(x), weight.contiguous(), None if bias is None else bias.contiguous(), eps
+        _rows(x, alias=False), weight.contiguous(), None if bias is None else bias.contiguous(), eps, dev
     )
-    return y.view(x.shape)
+    return y if x.dim() == 2 else y.view(x.shape)
 
 
 def fused_add_rms_norm(
@@ -235,7 +234,8 @@ def fused_add_rms_norm(
     if dev is None:
         return fallback.fused_add_rms_norm(x, residual, weight, eps, float(offset), casting_mode)
     y, s = _rms_norm_ops.fused_add_rms_norm(
-        _rows(x), _rows(residual), weight.contiguous(), eps, float(offset), casting_mode == "gemma", dev
+        _rows(x, alias=False), _rows(residual, alias=False), weight.contiguous(), eps, float(offset),
+        casting_mode == "gemma", dev,
     )
     return (y, s) if x.dim() == 2 else (y.view(x.shape), s.view(x.shape))
 
@@ -252,10 +252,10 @@ def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> 
         raise TypeError(f"b has dtype {b.dtype} but a has {a.dtype}; cast one of them, e.g. b.to(a.dtype)")
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be True or False, got {inplace_backward!r}")
-    device = same_device(a=a, b=b)
-    if a.dim() == 0 or not _kernel_path(_glu_ops, device, a):
+    dev = None if a.dim() == 0 else _kernel_device(_glu_ops, same_device(a=a, b=b), a)
+    if dev is None:
         return (fallback.swiglu if act == "silu" else fallback.geglu)(a, b)
-    return _glu_ops.glu(_rows(a), _rows(b), act, inplace_backward).view(a.shape)
+    return _glu_ops.glu(_rows(a), _rows(b), act, inplace_backward, dev).view(a.shape)
 
 
 def _glu_down(
@@ -279,10 +279,12 @@ def _glu_down(
         or not (a.requires_grad or b.requires_grad or weight.requires_grad)
         or a.device != weight.device
         or torch.is_autocast_enabled(a.device.type)
-        or not _kernel_path(_glu_ops, a.device, a)
     ):
         return None
-    out = _mlp_ops.glu_down(_rows(a), _rows(b), weight, bias, act)
+    dev = _kernel_device(_glu_ops, a.device, a)
+    if dev is None:
+        return None
+    out = _mlp_ops.glu_down(_rows(a), _rows(b), weight, bias, act, dev)
     return out.view(*a.shape[:-1], weight.shape[0])
 
 
@@ -387,13 +389,14 @@ def rope(
     if sin.shape != cos.shape:
         raise ValueError(f"sin must have the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
     device = same_device(q=q, k=k, cos=cos, sin=sin)
-    if not (_kernel_path(_rope_ops, device, q) and _kernel_path(_rope_ops, device, k)):
+    dev = _kernel_device(_rope_ops, device, q)
+    if dev is None or _kernel_device(_rope_ops, device, k) is None:
         return fallback.rope(q, k, cos, sin, position_ids, unsqueeze_dim)
     if cos.shape[1] != seq:
         cos, sin = cos[:, :seq], sin[:, :seq]
     if unsqueeze_dim == 1:
-        return _rope_ops.rope(q, k, cos, sin)
-    q_embed, k_embed = _rope_ops.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return _rope_ops.rope(q, k, cos, sin, dev)
+    q_embed, k_embed = _rope_ops.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, dev)
     return q_embed.transpose(1, 2), k_embed.transpose(1, 2)
 
 
@@ -519,13 +522,14 @@ def cross_entropy(
     if n_classes == 0:
         raise ValueError("logits must have at least one class (its last dimension is 0)")
     _check_target_range(target, n_classes, ignore_index)
-    if not _kernel_path(_ce_ops, device, logits):
+    dev = _kernel_device(_ce_ops, device, logits)
+    if dev is None:
         return fallback.cross_entropy(
             logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
         )
     loss, z = _ce_ops.cross_entropy(
         _rows(logits), target.reshape(-1).contiguous(), ignore_index, label_smoothing, lse_square_scale,
-        softcap, reduction, inplace_backward,
+        softcap, reduction, inplace_backward, dev,
     )
     return _loss_result(loss, z, target, reduction, return_z_loss)
 
@@ -608,13 +612,14 @@ def fused_linear_cross_entropy(
     if weight.shape[0] == 0:
         raise ValueError("weight must have at least one class (its first dimension is 0)")
     _check_target_range(target, weight.shape[0], ignore_index)
-    if not _kernel_path(_flce_ops, device, hidden):
+    dev = _kernel_device(_flce_ops, device, hidden)
+    if dev is None:
         return fallback.fused_linear_cross_entropy(
             hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale,
             softcap, return_z_loss, chunk_mib,
         )
     loss, z = _flce_ops.fused_linear_cross_entropy(
         _rows(hidden), weight, target.reshape(-1).contiguous(), bias, ignore_index, label_smoothing,
-        lse_square_scale, softcap, reduction, chunk_mib,
+        lse_square_scale, softcap, reduction, chunk_mib, dev,
     )
     return _loss_result(loss, z, target, reduction, return_z_loss)
