@@ -52,7 +52,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -441,6 +441,18 @@ def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtyp
     return None
 
 
+# Called on a cache miss when LIGER_PORTABLE_AUTOTUNE=1 is set at that moment:
+# handler(kernel, device, problem, dtype) -> True if the user cache now holds an entry. The tuner
+# (liger_portable._tune) installs itself here; this module never imports it.
+_miss_handler: Callable[[str, DeviceInfo, tuple, torch.dtype], bool] | None = None
+
+
+def set_miss_handler(fn: Callable[[str, DeviceInfo, tuple, torch.dtype], bool] | None) -> None:
+    """Install ``fn`` as the cache-miss handler of :func:`resolve` (``None`` removes it)."""
+    global _miss_handler
+    _miss_handler = fn
+
+
 def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> Resolved:
     spec = SPECS[kernel]
     if len(problem) != len(spec.key):
@@ -453,10 +465,8 @@ def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: to
     hit = _cached(spec, device, named, dtype, limits)
     if hit is not None:
         return hit
-    if os.environ.get(ENV_AUTOTUNE) == "1":
-        from . import _tune  # late: _tune builds on this module
-
-        if _tune.autotune_miss(kernel, device, problem, dtype):
+    if os.environ.get(ENV_AUTOTUNE) == "1" and _miss_handler is not None:
+        if _miss_handler(kernel, device, problem, dtype):
             hit = _cached(spec, device, named, dtype, limits)
             if hit is not None:
                 return hit

@@ -8,7 +8,9 @@ Three parts:
   than the noise margin; otherwise the default is recorded, so a tuned entry is never slower than
   the table beyond noise. A config whose launch raises (out of resources, ...) is skipped.
 * Runtime tuning: with ``LIGER_PORTABLE_AUTOTUNE=1``, a cache miss in
-  :func:`liger_portable._configs.resolve` calls the tuning hook registered for that kernel
+  :func:`liger_portable._configs.resolve` calls :func:`autotune_miss` (installed as the lookup's
+  miss handler when this module is imported: the lookup never imports the tuner), which calls the
+  tuning hook registered for that kernel
   (:func:`register_hook`; :mod:`liger_portable._tune_hooks` provides one per kernel, registered on
   the first miss) once per (kernel, device model, problem bucket, dtype) and process, and records
   the result. Never during CUDA-graph capture (the table default is used, one warning).
@@ -57,7 +59,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import torch
 
-from . import _cache, _paths
+from . import _cache, _configs, _paths
 from ._configs import (
     ConfigError,
     Limits,
@@ -607,3 +609,6 @@ def agree(choice_fn: Callable[[], T], *, model: str | None = None, group: Any = 
             f"liger_portable.agree: the choice of rank {leader} (leader of the {mine} ranks) failed: {value}"
         )
     return value
+
+
+_configs.set_miss_handler(autotune_miss)  # tuning wraps the config lookup from above
