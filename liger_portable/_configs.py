@@ -9,7 +9,8 @@ dtype". It looks, in order, at
    vendor's ``default`` section.
 
 With ``LIGER_PORTABLE_AUTOTUNE=1`` a miss in 1 and 2 is tuned once per process through the
-kernel's registered hook (:mod:`liger_portable._tune`) and recorded in 1 before falling back to 3.
+kernel's registered hook and recorded in 1 before falling back to 3: the tuner
+(:mod:`liger_portable.tuning.runtime`) installs itself as the miss handler (:func:`set_miss_handler`).
 The answer is validated against the device's limits (threads per block, shared memory) and the
 backend's option names; answers are memoized, so that a repeated call costs one dict lookup.
 
@@ -63,7 +64,7 @@ from ._specs import SPECS, KernelSpec
 SCHEMA = 1
 LIMIT_FIELDS = ("warp_size", "max_threads_per_block", "shared_mem_per_block")
 _GPU_BACKENDS = ("cuda", "rocm", "xpu")
-ENV_AUTOTUNE = "LIGER_PORTABLE_AUTOTUNE"  # "1": tune a cache miss once per process (see _tune)
+ENV_AUTOTUNE = "LIGER_PORTABLE_AUTOTUNE"  # "1": tune a cache miss once per process (see tuning.runtime)
 
 
 class ConfigError(ValueError):
@@ -443,7 +444,7 @@ def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtyp
 
 # Called on a cache miss when LIGER_PORTABLE_AUTOTUNE=1 is set at that moment:
 # handler(kernel, device, problem, dtype) -> True if the user cache now holds an entry. The tuner
-# (liger_portable._tune) installs itself here; this module never imports it.
+# (liger_portable.tuning.runtime) installs itself here; this module never imports it.
 _miss_handler: Callable[[str, DeviceInfo, tuple, torch.dtype], bool] | None = None
 
 
