@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 platform()
 
 from . import functional, nn  # noqa: E402  (needs the platform above)
+from . import tuning  # noqa: E402,F401  tunes config misses under LIGER_PORTABLE_AUTOTUNE=1 (loads no kernel)
 
 __all__ = [
     "ConfigError",

@@ -30,11 +30,11 @@ Robustness rules (no cache problem ever stops training):
   ``fcntl`` (Windows) writes go unlocked, with one warning.
 * An unwritable location degrades to an in-memory overlay (one warning); lookups see it first.
 
-Run-time tuning across processes (:func:`liger_portable._tune.autotune_miss`) serialises on a second
-lock file per device model, ``<file>.tune.lock`` (:func:`tuning_lock`), held while one process tunes
-one problem: the others wait, re-read the cache (:func:`reread`) and take the recorded entry.
-``flock`` locks belong to the open file, so a process that dies releases its locks at once; a lock
-file left on disk by a dead process is therefore never stale.
+Run-time tuning across processes (:func:`liger_portable.tuning.runtime.autotune_miss`) serialises
+on a second lock file per device model, ``<file>.tune.lock`` (:func:`tuning_lock`), held while one
+process tunes one problem: the others wait, re-read the cache (:func:`reread`) and take the
+recorded entry. ``flock`` locks belong to the open file, so a process that dies releases its locks
+at once; a lock file left on disk by a dead process is therefore never stale.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ dtype". It looks, in order, at
    vendor's ``default`` section, then ``backends/base.json`` (sparse tables: see :mod:`._tables`).
 
 With ``LIGER_PORTABLE_AUTOTUNE=1`` a miss in 1 and 2 is tuned once per process through the
-kernel's registered hook (:mod:`liger_portable._tune`) and recorded in 1 before falling back to 3.
+kernel's registered hook and recorded in 1 before falling back to 3: the tuner
+(:mod:`liger_portable.tuning.runtime`) installs itself as the miss handler (:func:`set_miss_handler`).
 The answer is validated against the device's limits (threads per block, shared memory) and the
 backend's option names; answers are memoized, so that a repeated call costs one dict lookup.
 
@@ -52,7 +53,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -63,7 +64,7 @@ from ._specs import SPECS, KernelSpec
 SCHEMA = 1
 LIMIT_FIELDS = ("warp_size", "max_threads_per_block", "shared_mem_per_block")
 _GPU_BACKENDS = ("cuda", "rocm", "xpu")
-ENV_AUTOTUNE = "LIGER_PORTABLE_AUTOTUNE"  # "1": tune a cache miss once per process (see _tune)
+ENV_AUTOTUNE = "LIGER_PORTABLE_AUTOTUNE"  # "1": tune a cache miss once per process (see tuning.runtime)
 
 
 class ConfigError(ValueError):
@@ -445,6 +446,18 @@ def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtyp
     return None
 
 
+# Called on a cache miss when LIGER_PORTABLE_AUTOTUNE=1 is set at that moment:
+# handler(kernel, device, problem, dtype) -> True if the user cache now holds an entry. The tuner
+# (liger_portable.tuning.runtime) installs itself here; this module never imports it.
+_miss_handler: Callable[[str, DeviceInfo, tuple, torch.dtype], bool] | None = None
+
+
+def set_miss_handler(fn: Callable[[str, DeviceInfo, tuple, torch.dtype], bool] | None) -> None:
+    """Install ``fn`` as the cache-miss handler of :func:`resolve` (``None`` removes it)."""
+    global _miss_handler
+    _miss_handler = fn
+
+
 def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> Resolved:
     spec = SPECS[kernel]
     if len(problem) != len(spec.key):
@@ -457,10 +470,8 @@ def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: to
     hit = _cached(spec, device, named, dtype, limits)
     if hit is not None:
         return hit
-    if os.environ.get(ENV_AUTOTUNE) == "1":
-        from . import _tune  # late: _tune builds on this module
-
-        if _tune.autotune_miss(kernel, device, problem, dtype):
+    if os.environ.get(ENV_AUTOTUNE) == "1" and _miss_handler is not None:
+        if _miss_handler(kernel, device, problem, dtype):
             hit = _cached(spec, device, named, dtype, limits)
             if hit is not None:
                 return hit

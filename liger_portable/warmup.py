@@ -8,13 +8,13 @@
 
 ``--dry-run`` lists the problems (and, on a GPU, whether the cache already holds each) without
 tuning; it needs no GPU. A real run tunes each problem missing from the cache over the backend
-table's search space (:func:`liger_portable._tune.tune`, timing the kernel through its hook in
-:mod:`liger_portable._tune_hooks` on random inputs of the problem's real size) and records it in
+table's search space (:func:`liger_portable.tuning.tune`, timing the kernel through its hook in
+:mod:`liger_portable.tuning.hooks` on random inputs of the problem's real size) and records it in
 the user cache (``$LIGER_PORTABLE_CACHE_DIR`` or ``$XDG_CACHE_HOME/liger_portable``); a re-run with
 a current cache is a no-op. Under torchrun the ranks of one device model agree
-(:func:`_tune.agree`): the lowest tunes, the others take its result and record it in their own
-cache, so every node ends with the same configs. Each tuning holds the device model's tuning lock
-(:func:`liger_portable._cache.tuning_lock`), so a warmup and a run with
+(:func:`liger_portable.tuning.agree`): the lowest tunes, the others take its result and record it
+in their own cache, so every node ends with the same configs. Each tuning holds the device model's
+tuning lock (:func:`liger_portable._cache.tuning_lock`), so a warmup and a run with
 ``LIGER_PORTABLE_AUTOTUNE=1`` that share the cache folder never tune one problem twice.
 
 A progress line (on stderr) shows the problem being tuned, the elapsed time and an estimate of the
@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from liger_portable import _cache, _tune, _warmup
+from liger_portable import _cache, _warmup, tuning
 from liger_portable._platform import platform
 from liger_portable._specs import SPECS
 
@@ -165,12 +165,12 @@ def _choose(p: _warmup.Problem, dev) -> dict:
     entry = _cache.lookup_entry(spec, dev, p.named, p.dtype)
     if entry is not None:  # current cache: a re-run is a no-op
         return {**entry, "status": "cached"}
-    hook = _tune.hook_for(p.kernel)
+    hook = tuning.hook_for(p.kernel)
     if hook is None:
         return {"status": "no hook"}
 
     def tune() -> dict:
-        res = _tune.tune(p.kernel, dev, p.named, p.dtype, hook(dev, p.named, p.dtype), dedicated=True)
+        res = tuning.tune(p.kernel, dev, p.named, p.dtype, hook(dev, p.named, p.dtype), dedicated=True)
         if res.time_ms is None:
             return {"status": "failed", "error": "; ".join(err for _, err in res.skipped[:2])}
         return {"config": res.config, "time_ms": res.time_ms, "default_ms": res.default_ms, "status": "tuned",
@@ -178,7 +178,7 @@ def _choose(p: _warmup.Problem, dev) -> dict:
 
     try:
         try:
-            with _cache.tuning_lock(dev, _tune.lock_timeout()) as got:
+            with _cache.tuning_lock(dev, tuning.lock_timeout()) as got:
                 if not got:
                     return {"status": "failed", "error": f"tuning lock busy ({_cache.lock_holder(dev) or 'another process'})"}
                 _cache.reread(dev)
@@ -197,9 +197,9 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     if dev is None:
         print("error: no GPU: a real warmup times kernels on the device; use --dry-run to list the work", file=sys.stderr)
         return 2
-    from liger_portable import _tune_hooks  # late: the dry run needs no kernels
+    from liger_portable.tuning import hooks  # late: the dry run needs no kernels
 
-    _tune_hooks.register_all()
+    hooks.register_all()
     distributed = _init_distributed()
     rank = int(os.environ.get("RANK", "0"))
     rows, problems_left, compiles, t0 = [], {}, set(), time.perf_counter()
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     for i, p in enumerate(probs):
         spec = SPECS[p.kernel]
         progress.show(i, f"{p.kernel} {p.describe()} {_cache.dtype_name(p.dtype)}", finished=False)
-        got = _tune.agree(lambda p=p: _choose(p, dev), model=dev.model_slug) if distributed else _choose(p, dev)
+        got = tuning.agree(lambda p=p: _choose(p, dev), model=dev.model_slug) if distributed else _choose(p, dev)
         if distributed and got["status"] in ("tuned", "cached"):
             _cache.reread(dev)  # the leader may share this cache folder and have recorded it already
             if _cache.lookup_entry(spec, dev, p.named, p.dtype) is None:

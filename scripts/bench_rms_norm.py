@@ -23,7 +23,7 @@ from benchlib import (
 import liger_portable
 from liger_portable import functional as F
 from liger_portable._configs import make_resolved, resolve
-from liger_portable._tune import candidates
+from liger_portable.tuning import candidates
 from liger_portable.ops import rms_norm as ops
 
 EPS = 1e-6

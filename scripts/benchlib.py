@@ -29,11 +29,11 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 3
 
 def precompile(kernel: str, cfgs: list[dict], launch: Callable[[object], Callable[[], object]]) -> None:
     """Compile the kernels of every config of a sweep in parallel threads before they are timed one
-    by one (``liger_portable._tune.precompile``; serially, a sweep spends most of its time
+    by one (``liger_portable.tuning.precompile``; serially, a sweep spends most of its time
     compiling). ``launch(resolved)`` returns the zero-argument call that the sweep times."""
-    from liger_portable import _tune
+    from liger_portable import tuning
 
-    how = _tune.precompile(kernel, cfgs, lambda r: _tune.do_bench_ms(launch(r)))
+    how = tuning.precompile(kernel, cfgs, lambda r: tuning.do_bench_ms(launch(r)))
     print(f"    {kernel}: {len(cfgs)} configs, {how}")
 
 

@@ -221,14 +221,14 @@ def check_dtensor(dtype: torch.dtype, device: torch.device) -> list[dict]:
 def check_autotune_agreement() -> dict:
     """After the training checks under ``LIGER_PORTABLE_AUTOTUNE=1``: every rank resolved the same
     config for every (kernel, problem, dtype) it used, and each problem was tuned by one process."""
-    from liger_portable import _configs, _tune
+    from liger_portable import _configs, tuning
 
     mine = {f"{k} {p} {str(d).removeprefix('torch.')}": str(r.config) for (k, _dev, p, d), r in list(_configs._memo.items())}
     world = dist.get_world_size()
     configs: list = [None] * world
     tuned: list = [None] * world
     dist.all_gather_object(configs, mine)
-    dist.all_gather_object(tuned, [str(t) for t in _tune.tuned_here])
+    dist.all_gather_object(tuned, [str(t) for t in tuning.tuned_here])
     keys = set().union(*configs)
     differ = [k for k in sorted(keys) if len({str(c.get(k)) for c in configs}) > 1]
     all_tuned = [t for ts in tuned for t in ts]

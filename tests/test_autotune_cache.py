@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from liger_portable import _cache, _configs, _paths, _platform, _specs, _tune
+from liger_portable import _cache, _configs, _paths, _platform, _specs, tuning
+from liger_portable.tuning import runtime, search, timing
 from liger_portable._configs import ENV_AUTOTUNE, load_table, resolve, table_config
 from liger_portable._platform import ENV_BACKEND, DeviceInfo
 from liger_portable._specs import SPECS
@@ -52,12 +53,12 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
     _platform.reset()
     _cache.clear_overlay()
-    _tune.reset_runtime()
-    # only the fake hooks of these tests: the real ones (_tune_hooks) would launch on a GPU
-    monkeypatch.setattr(_tune, "_register_defaults", lambda: None)
+    runtime.reset_runtime()
+    # only the fake hooks of these tests: the real ones (tuning.hooks) would launch on a GPU
+    runtime.reset_hooks(defaults=False)
     yield
-    _tune.unregister_hook(KERNEL)
-    _tune.reset_runtime()
+    runtime.reset_hooks()
+    runtime.reset_runtime()
     _cache.clear_overlay()
     _platform.reset()
 
@@ -311,7 +312,7 @@ def fake_run(times: dict, fallback: float = 1.0, raises=lambda cfg: False):
 
 @pytest.mark.parametrize("dev", [H200, MI300], ids=["cuda", "rocm"])
 def test_candidates_are_legal_distinct_and_exclude_default(dev):
-    cands = _tune.candidates(KERNEL, dev, NAMED)
+    cands = search.candidates(KERNEL, dev, NAMED)
     default = default_of(dev)
     assert cands and default not in cands
     assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
@@ -322,15 +323,15 @@ def test_candidates_are_legal_distinct_and_exclude_default(dev):
 
 def test_candidates_respect_device_limits():
     small = DeviceInfo("cuda", 0, "Tiny GPU", "sm90", 32, 8, 256, 232448)  # at most 8 warps
-    cands = _tune.candidates(KERNEL, small, NAMED)
+    cands = search.candidates(KERNEL, small, NAMED)
     assert cands and all(c["num_warps"] <= 8 for c in cands)
 
 
 def test_tuner_picks_fastest_legal_config_and_records_it():
-    cands = _tune.candidates(KERNEL, H200, NAMED)
+    cands = search.candidates(KERNEL, H200, NAMED)
     target = cands[len(cands) // 2]
     run = fake_run({(target["num_warps"], target["BLOCK_M"]): 0.1})
-    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
+    res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
     assert res.source == "search" and res.default_ms == 1.0 and res.time_ms == 0.1
     assert (res.config["num_warps"], res.config["BLOCK_M"]) == (target["num_warps"], target["BLOCK_M"])
     assert run.seen[0] == default_of(H200) and len(run.seen) == len(cands) + 1
@@ -346,7 +347,7 @@ def test_tuner_never_picks_slower_or_within_noise(best_ratio):
     default = default_of(H200)
     # every searched config is slower, equal, or only 1% faster: the table default is kept
     run = fake_run({(default["num_warps"], default["BLOCK_M"]): 1.0}, fallback=best_ratio)
-    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
+    res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
     assert res.source == "table default" and res.config == default and res.time_ms == res.default_ms == 1.0
     assert load(user_file())["entries"][res.key]["config"] == default
 
@@ -354,16 +355,16 @@ def test_tuner_never_picks_slower_or_within_noise(best_ratio):
 def test_tuner_beyond_noise_wins():
     default = default_of(H200)
     run = fake_run({(default["num_warps"], default["BLOCK_M"]): 1.0}, fallback=0.97)
-    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
+    res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
     assert res.source == "search" and res.time_ms == 0.97
 
 
 def test_tuner_skips_configs_that_raise():
-    cands = _tune.candidates(KERNEL, H200, NAMED)
+    cands = search.candidates(KERNEL, H200, NAMED)
     fastest = cands[0]
     run = fake_run({(fastest["num_warps"], fastest["BLOCK_M"]): 0.01, (cands[-1]["num_warps"], cands[-1]["BLOCK_M"]): 0.5},
                    raises=lambda c: (c["num_warps"], c["BLOCK_M"]) == (fastest["num_warps"], fastest["BLOCK_M"]))
-    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
+    res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
     assert res.skipped and all("out of resources" in err for _, err in res.skipped)
     assert res.time_ms == 0.5 and (res.config["num_warps"], res.config["BLOCK_M"]) != (fastest["num_warps"], fastest["BLOCK_M"])
 
@@ -371,10 +372,10 @@ def test_tuner_skips_configs_that_raise():
 def test_tuner_when_default_fails_and_when_all_fail():
     default = default_of(H200)
     is_default = lambda c: c == default  # noqa: E731
-    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, fake_run({}, fallback=0.3, raises=is_default))
+    res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, fake_run({}, fallback=0.3, raises=is_default))
     assert res.default_ms is None and res.time_ms == 0.3 and res.source == "search"
     assert load(user_file())["entries"][res.key]["default_ms"] is None
-    res = _tune.tune(KERNEL, H200, (4096, 5000), torch.bfloat16, fake_run({}, raises=lambda c: True))
+    res = search.tune(KERNEL, H200, (4096, 5000), torch.bfloat16, fake_run({}, raises=lambda c: True))
     assert res.time_ms is None and res.config == default
     assert res.key not in load(user_file())["entries"]  # nothing measured, nothing recorded
 
@@ -389,14 +390,14 @@ def test_tuner_with_injected_timer():
         fn()
         return 1.0 / calls[-1]  # more warps is faster in this fake
 
-    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, launch, timer=timer, record=False)
-    assert res.config["num_warps"] == max(c["num_warps"] for c in _tune.candidates(KERNEL, H200, NAMED))
+    res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, launch, timer=timer, record=False)
+    assert res.config["num_warps"] == max(c["num_warps"] for c in search.candidates(KERNEL, H200, NAMED))
     assert not user_file().exists()
 
 
 def test_tuner_bad_timer_value_is_skipped():
-    res = _tune.tune(KERNEL, H200, PROBLEM, torch.bfloat16, lambda r: float("nan"), record=False)
-    assert res.time_ms is None and len(res.skipped) == len(_tune.candidates(KERNEL, H200, NAMED)) + 1
+    res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, lambda r: float("nan"), record=False)
+    assert res.time_ms is None and len(res.skipped) == len(search.candidates(KERNEL, H200, NAMED)) + 1
 
 
 # --------------------------------------------------------------------------- runtime tuning
@@ -415,16 +416,16 @@ def _hook(times: dict | None = None):
 
 def test_miss_without_env_uses_table_and_does_not_tune():
     hook = _hook()
-    _tune.register_hook(KERNEL, hook)
+    runtime.register_hook(KERNEL, hook)
     assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
     assert hook.calls == [] and not user_file().exists()
 
 
 def test_autotune_env_miss_tunes_once_and_records(monkeypatch):
-    cands = _tune.candidates(KERNEL, H200, NAMED)
+    cands = search.candidates(KERNEL, H200, NAMED)
     target = cands[-1]
     hook = _hook({(target["num_warps"], target["BLOCK_M"]): 0.2})
-    _tune.register_hook(KERNEL, hook)
+    runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
     r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
     assert hook.calls == [("NVIDIA_H200", NAMED, torch.bfloat16)]
@@ -443,7 +444,7 @@ def test_autotune_env_miss_tunes_once_and_records(monkeypatch):
 def test_autotune_once_per_process_even_if_unrecorded(monkeypatch):
     hook = _hook()
     hook_all_fail = lambda d, n, t: (hook.calls.append(1), fake_run({}, raises=lambda c: True))[1]  # noqa: E731
-    _tune.register_hook(KERNEL, hook_all_fail)
+    runtime.register_hook(KERNEL, hook_all_fail)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
     for _ in range(2):
         _platform.reset()
@@ -455,7 +456,7 @@ def test_autotune_hook_error_never_raises(monkeypatch):
     def bad_hook(device, named, dtype):
         raise MemoryError("cannot allocate the tuning inputs")
 
-    _tune.register_hook(KERNEL, bad_hook)
+    runtime.register_hook(KERNEL, bad_hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
     with pytest.warns(RuntimeWarning, match="tuning rms_norm_fwd .* failed"):
         assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
@@ -469,9 +470,9 @@ def test_autotune_without_hook_warns_and_uses_table(monkeypatch):
 
 def test_autotune_never_during_graph_capture(monkeypatch):
     hook = _hook()
-    _tune.register_hook(KERNEL, hook)
+    runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
-    monkeypatch.setattr(_tune, "_capturing", lambda: True)
+    monkeypatch.setattr(runtime, "capturing", lambda: True)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
@@ -483,7 +484,7 @@ def test_autotune_never_during_graph_capture(monkeypatch):
 def test_autotune_cache_hit_does_not_tune(monkeypatch):
     _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
     hook = _hook()
-    _tune.register_hook(KERNEL, hook)
+    runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
     assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).config.to_dict() == CFG
     assert hook.calls == []
@@ -491,14 +492,14 @@ def test_autotune_cache_hit_does_not_tune(monkeypatch):
 
 def test_register_unknown_kernel():
     with pytest.raises(KeyError, match="unknown kernel 'nope'"):
-        _tune.register_hook("nope", _hook())
+        runtime.register_hook("nope", _hook())
 
 
 # --------------------------------------------------------------------------- rank agreement
 
 
 def test_agree_without_distributed_calls_choice_fn():
-    assert _tune.agree(lambda: 42, model="A") == 42
+    assert tuning.agree(lambda: 42, model="A") == 42
 
 
 WORKER = textwrap.dedent(
@@ -506,34 +507,35 @@ WORKER = textwrap.dedent(
     import json, sys, time
     import torch
     import torch.distributed as dist
-    from liger_portable import _tune, resolve
+    from liger_portable import resolve
+    from liger_portable.tuning import agree, runtime, search
     from liger_portable._platform import DeviceInfo
 
     rank, world, store, model, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
 
     # 1. agree(): each rank's own choice differs: only agreement makes ranks of one model match
-    choice = _tune.agree(lambda: {"rank": rank, "num_warps": 2 ** rank}, model=model)
+    choice = agree(lambda: {"rank": rank, "num_warps": 2 ** rank}, model=model)
     def boom():
         raise RuntimeError("tuning failed on rank %d" % rank)
     try:
-        _tune.agree(boom if model == "A" else (lambda: "fine"), model=model)
+        agree(boom if model == "A" else (lambda: "fine"), model=model)
         err = None
     except RuntimeError as e:
         err = str(e)
 
     # 2. run-time tuning (LIGER_PORTABLE_AUTOTUNE=1, one cache folder): no collective in resolve;
     # the tuning lock makes the ranks tune each problem once and take the recorded entry.
-    _tune._register_defaults = lambda: None
+    runtime.reset_hooks(defaults=False)
     DEV = DeviceInfo("cuda", 0, "Test GPU 9000", "sm90", 32, 132, 1024, 232448)
-    all_candidates = _tune.candidates
-    _tune.candidates = lambda k, d, n: all_candidates(k, d, n)[:3]
+    all_candidates = search.candidates
+    search.candidates = lambda k, d, n: all_candidates(k, d, n)[:3]
 
     def hook(device, named, dtype):
         with open(log, "a") as f:
             f.write(json.dumps({"rank": rank, "problem": named}) + "\\n")
         time.sleep(0.3)  # a slow tuning: the other ranks reach the lock meanwhile
-        cands = _tune.candidates("rms_norm_fwd", device, named)
+        cands = search.candidates("rms_norm_fwd", device, named)
 
         def run(r):
             cfg = r.config.to_dict()
@@ -543,7 +545,7 @@ WORKER = textwrap.dedent(
             return 0.5 + 0.1 * ((cands.index(cfg) - rank) % len(cands))
         return run
 
-    _tune.register_hook("rms_norm_fwd", hook)
+    runtime.register_hook("rms_norm_fwd", hook)
     problems = [(4096 + i, 1000) for i in range(4)]
     order = problems[rank:] + problems[:rank]  # ranks miss in different orders
     dist.barrier()
@@ -603,7 +605,7 @@ def test_ranks_under_gloo_agree_and_tune_once(tmp_path, monkeypatch):
     for ln in lines:
         named, tuner = ln["problem"], ln["rank"]
         # the config is the one the tuning rank's timings favour (another rank's would differ)
-        expected = _tune.candidates(KERNEL, GLOO_DEV, named)[:3][tuner % 3]
+        expected = search.candidates(KERNEL, GLOO_DEV, named)[:3][tuner % 3]
         assert out[0]["tuned"][str((named["n_cols"], named["n_rows"]))] == expected
         assert entries[_cache.entry_key(SPEC, named, torch.bfloat16)]["config"] == expected
 
@@ -616,7 +618,7 @@ def test_waiter_takes_the_entry_recorded_while_it_waited(monkeypatch):
     import threading
 
     hook = _hook()
-    _tune.register_hook(KERNEL, hook)
+    runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
     assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []  # memoized: empty
     held, release = threading.Event(), threading.Event()
@@ -641,9 +643,9 @@ def test_waiter_takes_the_entry_recorded_while_it_waited(monkeypatch):
 
 def test_lock_timeout_falls_back_to_table_once(monkeypatch):
     hook = _hook()
-    _tune.register_hook(KERNEL, hook)
+    runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
-    monkeypatch.setenv(_tune.ENV_LOCK_TIMEOUT, "0.2")
+    monkeypatch.setenv(runtime.ENV_LOCK_TIMEOUT, "0.2")
     with _cache.tuning_lock(H200, None) as got, warnings.catch_warnings(record=True) as rec:
         assert got
         warnings.simplefilter("always")
@@ -652,7 +654,7 @@ def test_lock_timeout_falls_back_to_table_once(monkeypatch):
         assert resolve(KERNEL, H200, (4096, 5000), torch.bfloat16).source.startswith("table")
         assert time.monotonic() - t0 < 0.15  # no second long wait after one timeout
     msgs = [str(w.message) for w in rec if "tuning lock" in str(w.message)]
-    assert len(msgs) == 1 and f"pid {os.getpid()}" in msgs[0] and _tune.ENV_LOCK_TIMEOUT in msgs[0]
+    assert len(msgs) == 1 and f"pid {os.getpid()}" in msgs[0] and runtime.ENV_LOCK_TIMEOUT in msgs[0]
     assert hook.calls == []
     # lock free again: the next miss tunes
     resolve(KERNEL, H200, (4096, 20000), torch.bfloat16)
@@ -684,7 +686,7 @@ def test_lock_of_a_dead_process_is_released_at_once(tmp_path, monkeypatch):
         holder.wait(10)
     assert lock.exists()
     hook = _hook()
-    _tune.register_hook(KERNEL, hook)
+    runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
     t0 = time.monotonic()
     r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
@@ -700,14 +702,14 @@ def unwritable_autotune(tmp_path, monkeypatch):
     blocker.write_text("x")
     monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(blocker / "sub"))
     hook = _hook()
-    _tune.register_hook(KERNEL, hook)
+    runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
     return hook
 
 
 def test_unwritable_cache_multi_rank_does_not_tune(unwritable_autotune, monkeypatch):
     hook = unwritable_autotune
-    monkeypatch.setattr(_tune, "_multi_rank", lambda: True)
+    monkeypatch.setattr(runtime, "multi_rank", lambda: True)
     with pytest.warns(RuntimeWarning, match="multi-rank .* cannot be shared"):
         assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
     assert hook.calls == []
@@ -721,13 +723,13 @@ def test_unwritable_cache_single_process_tunes_in_memory(unwritable_autotune):
 
 
 def test_lock_timeout_setting(monkeypatch):
-    monkeypatch.delenv(_tune.ENV_LOCK_TIMEOUT, raising=False)
-    assert _tune.lock_timeout() == _tune.LOCK_TIMEOUT_S
-    monkeypatch.setenv(_tune.ENV_LOCK_TIMEOUT, "12.5")
-    assert _tune.lock_timeout() == 12.5
-    monkeypatch.setenv(_tune.ENV_LOCK_TIMEOUT, "soon")
+    monkeypatch.delenv(runtime.ENV_LOCK_TIMEOUT, raising=False)
+    assert runtime.lock_timeout() == runtime.LOCK_TIMEOUT_S
+    monkeypatch.setenv(runtime.ENV_LOCK_TIMEOUT, "12.5")
+    assert runtime.lock_timeout() == 12.5
+    monkeypatch.setenv(runtime.ENV_LOCK_TIMEOUT, "soon")
     with pytest.warns(RuntimeWarning, match="LIGER_PORTABLE_TUNE_LOCK_TIMEOUT='soon' is not a number"):
-        assert _tune.lock_timeout() == _tune.LOCK_TIMEOUT_S
+        assert runtime.lock_timeout() == runtime.LOCK_TIMEOUT_S
 
 
 def test_do_bench_waits_for_its_own_events_only(monkeypatch):
@@ -774,8 +776,8 @@ def test_do_bench_waits_for_its_own_events_only(monkeypatch):
         runs.append(1)
         clock[0] += 100.0 if len(runs) == 1 else 0.25  # the first run compiles
 
-    monkeypatch.setattr(_tune, "_device_driver", lambda: Driver())
-    assert _tune.do_bench_ms(fn, warmup_ms=1.0, rep_ms=6.0) == 0.25  # the compile run is not timed
+    monkeypatch.setattr(timing, "device_driver", lambda: Driver())
+    assert timing.do_bench_ms(fn, warmup_ms=1.0, rep_ms=6.0) == 0.25  # the compile run is not timed
     n_warmup, n_timed = int(1.0 / 0.25), int(6.0 / 0.25)
     assert len(runs) == 1 + 5 + n_warmup + n_timed
     assert len(cleared) == 5 + n_timed  # the L2 cache cleared before each estimated and timed run

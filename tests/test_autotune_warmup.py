@@ -117,23 +117,25 @@ TINY_LLAMA = {"model_type": "llama", "hidden_size": 48, "intermediate_size": 80,
 
 
 @pytest.mark.interpreter
-def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypatch, capsys):
+def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypatch, capsys, request):
     """A real run with the default hooks on a simulated H200 (kernels in the Triton interpreter,
     a fake timer): every problem of the step is tuned and recorded; a re-run tunes nothing."""
     from conftest import SIMULATED_DEVICES
-    from liger_portable import _cache, _paths, _platform, _tune
+    from liger_portable import _cache, _paths, _platform
     from liger_portable import warmup as warmup_mod
     from liger_portable._dispatch import simulate
+    from liger_portable.tuning import runtime, search, timing
 
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(tmp_path / "cache"))
     shipped = tmp_path / "shipped"
     shipped.mkdir()
     monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
-    monkeypatch.setattr(_tune, "_hooks", {})  # the default hooks, registered by the run
-    monkeypatch.setattr(_tune, "candidates", lambda k, d, n, _all=_tune.candidates: _all(k, d, n)[:1])
+    runtime.reset_hooks()  # the default hooks, registered by the run
+    request.addfinalizer(runtime.reset_hooks)
+    monkeypatch.setattr(search, "candidates", lambda k, d, n, _all=search.candidates: _all(k, d, n)[:1])
     timed = []
-    monkeypatch.setattr(_tune, "do_bench_ms", lambda fn: (fn(), timed.append(1), 1.0)[2])
+    monkeypatch.setattr(timing, "do_bench_ms", lambda fn: (fn(), timed.append(1), 1.0)[2])
     dev = SIMULATED_DEVICES["cuda-sm90"]
     monkeypatch.setattr(warmup_mod, "_device", lambda: dev)
     _platform.reset()

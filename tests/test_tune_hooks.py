@@ -1,4 +1,4 @@
-"""The tuning hooks (liger_portable._tune_hooks), on the CPU in the Triton interpreter.
+"""The tuning hooks (liger_portable.tuning.hooks), on the CPU in the Triton interpreter.
 
 For every kernel spec there is a hook; its ``run(resolved)`` launches that kernel through the op's
 launch function with exactly the given config (a spy sees the very Resolved; ``resolve`` is never
@@ -19,7 +19,9 @@ import torch.nn.functional as F
 
 import liger_portable
 from conftest import SIMULATED_DEVICES, TOL, rel_err
-from liger_portable import _cache, _paths, _platform, _tune, _tune_hooks, fallback
+from liger_portable import _cache, _paths, _platform, fallback
+from liger_portable.tuning import hooks as _tune_hooks
+from liger_portable.tuning import runtime, search, timing
 from liger_portable._configs import ENV_AUTOTUNE, Resolved, make_resolved, resolve
 from liger_portable._platform import DeviceInfo
 from liger_portable._specs import SPECS
@@ -73,12 +75,12 @@ def private_cache(monkeypatch, tmp_path):
     shipped = tmp_path / "shipped_cache"
     shipped.mkdir()
     monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
-    monkeypatch.setattr(_tune, "_hooks", {})
-    monkeypatch.setattr(_tune, "_defaults_registered", False)
+    runtime.reset_hooks()
     _platform.reset()
-    _tune.reset_runtime()
+    runtime.reset_runtime()
     yield
-    _tune.reset_runtime()
+    runtime.reset_runtime()
+    runtime.reset_hooks()
     _platform.reset()
 
 
@@ -170,37 +172,41 @@ def test_every_spec_has_a_hook():
 
 def test_register_all_is_idempotent_and_keeps_user_hooks():
     mine = lambda device, named, dtype: None  # noqa: E731
-    _tune.register_hook("rope", mine)
+    runtime.register_hook("rope", mine)
     _tune_hooks.register_all()
     _tune_hooks.register_all()
-    assert set(_tune._hooks) == set(SPECS)
-    assert _tune._hooks["rope"] is mine
-    assert all(_tune._hooks[k] is _tune_hooks.HOOKS[k] for k in SPECS if k != "rope")
+    assert set(runtime.registered_hooks()) == set(SPECS)
+    assert runtime.registered_hooks()["rope"] is mine
+    assert all(runtime.registered_hooks()[k] is _tune_hooks.HOOKS[k] for k in SPECS if k != "rope")
 
 
 def test_hooks_are_imported_lazily():
-    """No module of the package imports _tune_hooks at import time; _tune and warmup import it
-    inside the functions that need it (so `import liger_portable` does not load it)."""
+    """No module of the package imports tuning.hooks at import time; the tuning package (the
+    loader of the default hooks it gives the runtime) and warmup import it inside the functions
+    that need it (so `import liger_portable` does not load it)."""
     lazy, eager = set(), []
     pkg = Path(liger_portable.__file__).parent
     for path in pkg.rglob("*.py"):
-        if path.name == "_tune_hooks.py":
+        if path == pkg / "tuning" / "hooks.py":
             continue
         tree = ast.parse(path.read_text())
         in_function: set[int] = set()
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 in_function |= {id(n) for n in ast.walk(node) if n is not node}
+        package = ["liger_portable", *path.relative_to(pkg).parts[:-1]]  # the package path is in
         for node in ast.walk(tree):
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""] + [a.name for a in node.names]
-            if any(n.endswith("_tune_hooks") for n in names):
-                (lazy.add(path.name) if id(node) in in_function else eager.append(str(path)))
+            elif isinstance(node, ast.ImportFrom):  # absolute names: `from . import hooks` in tuning/
+                base = package[: len(package) - node.level + 1] if node.level else []
+                source = ".".join([*base, *([node.module] if node.module else [])])
+                names = [source] + [f"{source}.{a.name}" for a in node.names]
+            if any(n == "liger_portable.tuning.hooks" or n.startswith("liger_portable.tuning.hooks.") for n in names):
+                (lazy.add(path.relative_to(pkg).as_posix()) if id(node) in in_function else eager.append(str(path)))
     assert eager == []
-    assert lazy == {"_tune.py", "warmup.py"}
+    assert lazy == {"tuning/__init__.py", "warmup.py"}
 
 
 def test_torch_device_of_simulated_and_real_devices(simulated_device):
@@ -247,7 +253,7 @@ def test_hook_launches_exactly_the_config_and_tune_records(kernel, simulated_dev
     for m in (*OPS_MODULES, launch_ops):  # every module that looks resolve up
         if hasattr(m, "resolve"):
             monkeypatch.setattr(m, "resolve", no_resolve)
-    monkeypatch.setattr(_tune, "candidates", lambda k, d, n, _all=_tune.candidates: _all(k, d, n)[:2])
+    monkeypatch.setattr(search, "candidates", lambda k, d, n, _all=search.candidates: _all(k, d, n)[:2])
     times = iter([1.0, 0.8, 0.6])  # the table default, then the two candidates: the last wins
     outputs: list[tuple] = []
 
@@ -261,9 +267,9 @@ def test_hook_launches_exactly_the_config_and_tune_records(kernel, simulated_dev
     assert seen == []  # building runs prerequisites only (with their own explicit config)
 
     # tune() over the hook: three launches, each with the config tune chose, the winner recorded
-    res = _tune.tune(kernel, dev, named, dtype, run)
-    cands = _tune.candidates(kernel, dev, named)
-    assert [r.config.to_dict() for r in seen] == [_tune.default_config(kernel, dev, named), *cands]
+    res = search.tune(kernel, dev, named, dtype, run)
+    cands = search.candidates(kernel, dev, named)
+    assert [r.config.to_dict() for r in seen] == [search.default_config(kernel, dev, named), *cands]
     assert res.source == "search" and res.config == cands[1] and res.time_ms == 0.6 and res.default_ms == 1.0
     entry = _cache.lookup_entry(SPECS[kernel], dev, named, dtype)
     assert entry is not None and entry["config"] == cands[1] and entry["time_ms"] == 0.6
@@ -287,7 +293,7 @@ def test_hook_bfloat16(kernel, simulated_device):
     outputs = []
     run = _tune_hooks.build_run(kernel, dev, named, dtype, timer=lambda fn: (outputs.append(_clone(fn())), 1.0)[1])
     assert all(t.dtype in (dtype, torch.float32, torch.long) for t in run.inputs.values())
-    assert run(make_resolved(kernel, _tune.default_config(kernel, dev, named))) == 1.0
+    assert run(make_resolved(kernel, search.default_config(kernel, dev, named))) == 1.0
     assert_matches(kernel, outputs[0], reference(kernel, run.inputs), dtype)
 
 
@@ -298,7 +304,7 @@ def test_autotune_miss_registers_and_uses_the_default_hooks(simulated_device, mo
     """LIGER_PORTABLE_AUTOTUNE=1, empty cache: the first miss loads the hooks, tunes with the
     real hook (inputs on the CPU, the interpreter), records; then resolve reads the entry."""
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
-    monkeypatch.setattr(_tune, "candidates", lambda k, d, n, _all=_tune.candidates: _all(k, d, n)[:1])
+    monkeypatch.setattr(search, "candidates", lambda k, d, n, _all=search.candidates: _all(k, d, n)[:1])
     timed = []
 
     def fake_bench(fn):
@@ -306,12 +312,12 @@ def test_autotune_miss_registers_and_uses_the_default_hooks(simulated_device, mo
         timed.append(1)
         return 2.0 if len(timed) == 1 else 1.0  # the candidate beats the table default
 
-    monkeypatch.setattr(_tune, "do_bench_ms", fake_bench)
-    assert _tune._hooks == {}
+    monkeypatch.setattr(timing, "do_bench_ms", fake_bench)
+    assert runtime.registered_hooks() == {}
     problem = (ROWS["n_cols"], ROWS["n_rows"])
     r = resolve("rms_norm_fwd", simulated_device, problem, torch.float32)
-    assert set(_tune._hooks) == set(SPECS) and len(timed) == 2
-    cand = _tune.candidates("rms_norm_fwd", simulated_device, ROWS)[0]
+    assert set(runtime.registered_hooks()) == set(SPECS) and len(timed) == 2
+    cand = search.candidates("rms_norm_fwd", simulated_device, ROWS)[0]
     assert r.source.startswith("user cache") and r.config.to_dict() == cand
     x, w = torch.randn(ROWS["n_rows"], ROWS["n_cols"]), torch.randn(ROWS["n_cols"])
     y, _ = rms_ops.rms_norm_fwd(x, w, EPS, 0.0, False)  # the tuned config, through resolve
@@ -334,9 +340,9 @@ def test_parallel_compile_gpu(kernel):
     dev = liger_portable.platform().device(0)
     named, dtype = PROBLEMS[kernel], torch.float32
     run = _tune_hooks.build_run(kernel, dev, named, dtype)
-    res = _tune.tune(kernel, dev, named, dtype, run, record=False, dedicated=True)
+    res = search.tune(kernel, dev, named, dtype, run, record=False, dedicated=True)
     assert res.compile.startswith(("parallel compile", "serial compile (this Triton has no"))
-    assert JITFunction.run is original and not getattr(_tune._compile_only, "active", False)
+    assert JITFunction.run is original and not timing.compile_only_active()
     assert res.time_ms is not None and len(res.timings) >= 2
     outputs: list[tuple] = []
     run.timer = lambda fn: (outputs.append(_clone(fn())), 1.0)[1]
@@ -352,9 +358,9 @@ def test_precompile_is_serial_in_the_interpreter_and_with_a_custom_timer(monkeyp
     (the CPU tests' fake timers) keep the serial path, and nothing is launched for it."""
     calls = []
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert _tune.precompile("rms_norm_fwd", [{}], calls.append).startswith("serial")
+    assert timing.precompile("rms_norm_fwd", [{}], calls.append).startswith("serial")
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert _tune.precompile("rms_norm_fwd", [{}], calls.append, timer=lambda fn: 1.0).startswith("serial")
+    assert timing.precompile("rms_norm_fwd", [{}], calls.append, timer=lambda fn: 1.0).startswith("serial")
     assert calls == []
 
 
@@ -373,21 +379,18 @@ def test_graph_timing_excludes_the_host_gpu():
         time.sleep(5e-4)
         x.add_(1.0)
 
-    eager_ms = _tune.do_bench_ms(slow_host_launch)
-    _tune._graph_timing.active = True
-    try:
+    eager_ms = timing.do_bench_ms(slow_host_launch)
+    with timing.cuda_graph_timing():
         before = x[0].item()
-        graph_ms = _tune.do_bench_ms(slow_host_launch)
+        graph_ms = timing.do_bench_ms(slow_host_launch)
         assert x[0].item() > before + 10  # the replays added
-    finally:
-        _tune._graph_timing.active = False
     assert eager_ms >= 0.3, eager_ms
     assert graph_ms <= 0.1, graph_ms
 
 
 def test_no_cuda_graph_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert _tune._cuda_graph(lambda: None) is None
+    assert timing.cuda_graph(lambda: None) is None
 
 
 # --------------------------------------------------------------------------- equivalent configs
@@ -430,7 +433,7 @@ def test_equivalent_configs_launch_the_same_kernel(kernel, param, values, named,
         elif isinstance(obj, launch_ops.Launcher):  # the launchers hold their kernel
             monkeypatch.setattr(obj, "fn", _LaunchRecorder(name, log))
     run = _tune_hooks.build_run(kernel, dev, named, torch.float32, timer=lambda fn: (fn(), 1.0)[1])
-    base = _tune.default_config(kernel, dev, named)
+    base = search.default_config(kernel, dev, named)
     launches, groups = {}, {}
     for v in values:
         cfg = {**base, param: v}
@@ -450,10 +453,10 @@ def test_candidates_skip_equivalent_configs(simulated_device):
     """SwiGLU with 100 columns: every column block from 128 up is the same launch, so the search
     space's block sizes (256 to 4096) collapse onto the table default's."""
     named = {"n_cols": 100, "n_rows": 8192}
-    spec, cands = SPECS["swiglu_fwd"], _tune.candidates("swiglu_fwd", simulated_device, named)
+    spec, cands = SPECS["swiglu_fwd"], search.candidates("swiglu_fwd", simulated_device, named)
     forms = [tuple(sorted(spec.equivalent(c, named).items())) for c in cands]
     assert len(forms) == len(set(forms))
-    base = _tune.default_config("swiglu_fwd", simulated_device, named)
+    base = search.default_config("swiglu_fwd", simulated_device, named)
     assert tuple(sorted(spec.equivalent(base, named).items())) not in forms
     wide = [(c["BLOCK_M"], c["num_warps"], c["num_stages"]) for c in cands if c["BLOCK_N"] >= 128]
     assert len(wide) == len(set(wide)), "two candidates differ only in a column block wider than the row"
@@ -477,10 +480,10 @@ def test_candidates_hold_at_most_max_values_a_thread(simulated_device):
             continue
         for p in problems(kernel):
             named = {f: p[f] for f in spec.key}
-            for cfg in [_tune.default_config(kernel, dev, named), *_tune.candidates(kernel, dev, named)]:
+            for cfg in [search.default_config(kernel, dev, named), *search.candidates(kernel, dev, named)]:
                 per_thread = spec.tile_values(cfg, named) / (cfg["num_warps"] * dev.warp_size)
                 assert per_thread <= MAX_VALUES_PER_THREAD, (kernel, named, cfg)
     named = {"n_cols": 8192, "n_rows": 8192}
     assert all(c["BLOCK_M"] * 8192 <= MAX_VALUES_PER_THREAD * c["num_warps"] * dev.warp_size
-               for c in _tune.candidates("rms_norm_bwd", dev, named))
-    assert not any(c["BLOCK_M"] == 16 for c in _tune.candidates("rms_norm_bwd", dev, named))
+               for c in search.candidates("rms_norm_bwd", dev, named))
+    assert not any(c["BLOCK_M"] == 16 for c in search.candidates("rms_norm_bwd", dev, named))

@@ -1,7 +1,7 @@
 """Tuning hooks: for each kernel, inputs of one problem and a timed launch with an explicit config.
 
 One hook per kernel spec (:data:`HOOKS`, the keys of :data:`liger_portable._specs.SPECS`), with
-the signature :data:`liger_portable._tune.TuneHook`::
+the signature :data:`liger_portable.tuning.runtime.TuneHook`::
 
     run = HOOKS["rms_norm_fwd"](device, {"n_cols": 4096, "n_rows": 8192}, torch.bfloat16)
     ms = run(resolved)        # launches rms_norm_fwd(..., config=resolved), returns its median time
@@ -11,8 +11,8 @@ generator: the caller's random state is not touched), runs what the kernel needs
 forward of a backward, for its saved statistics), and returns a :class:`TuneRun`. Calling it
 launches exactly that kernel with exactly the given config, through the op's launch function and
 its ``config=`` override (never through ``resolve``: the resolver holds its lock while tuning), and
-returns the time the timer measured (default :func:`liger_portable._tune.do_bench_ms`). The inputs
-live as long as the :class:`TuneRun`: the tuner drops it when done, which frees them.
+returns the time the timer measured (default :func:`liger_portable.tuning.timing.do_bench_ms`). The
+inputs live as long as the :class:`TuneRun`: the tuner drops it when done, which frees them.
 
 Inputs are the real problem's (the fused linear cross-entropy's too: it is chunked, so its extra
 memory is one chunk of logits): about 2-5 tensors of ``n_rows x n_cols`` for the row kernels,
@@ -26,8 +26,9 @@ Launches are those of a Hugging Face decoder's training step: RMSNorm in Llama c
 problem key holds no batch; q and k split the heads of the key), cross-entropy with a mean
 reduction and the gradient in its own buffer, fused linear cross-entropy without bias.
 
-:func:`register_all` registers every hook with :func:`liger_portable._tune.register_hook`; the
-tuner calls it on the first miss under ``LIGER_PORTABLE_AUTOTUNE=1`` and the warmup before it tunes.
+:func:`register_all` registers every hook with :func:`liger_portable.tuning.runtime.register_hook`;
+the tuner calls it on the first miss under ``LIGER_PORTABLE_AUTOTUNE=1`` and the warmup before it
+tunes.
 
 The simulated device of the tests (:func:`liger_portable._dispatch.simulate`) gets CPU tensors:
 the kernels then run in the Triton interpreter.
@@ -40,16 +41,17 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from . import _dispatch, _tune
-from ._configs import Resolved, make_resolved
-from ._platform import DeviceInfo
-from ._specs import SPECS
-from .ops import cross_entropy as _ce_ops
-from .ops import fused_linear_cross_entropy as _flce_ops
-from .ops import glu as _glu_ops
-from .ops import layer_norm as _ln_ops
-from .ops import rms_norm as _rms_ops
-from .ops import rope as _rope_ops
+from .. import _dispatch
+from .._configs import Resolved, make_resolved
+from .._platform import DeviceInfo
+from .._specs import SPECS
+from ..ops import cross_entropy as _ce_ops
+from ..ops import fused_linear_cross_entropy as _flce_ops
+from ..ops import glu as _glu_ops
+from ..ops import layer_norm as _ln_ops
+from ..ops import rms_norm as _rms_ops
+from ..ops import rope as _rope_ops
+from . import runtime, search, timing
 
 EPS = 1e-6  # normalisation epsilon of the timed launches (it does not change the speed)
 IGNORE_INDEX = -100
@@ -66,8 +68,8 @@ class TuneRun:
         inputs: the tensors the launch reads (and buffers it writes into), by name.
         launch: ``launch(resolved)`` runs the kernel once with exactly that config and returns
             the op's outputs.
-        timer: ``timer(fn) -> ms``; None: :func:`liger_portable._tune.do_bench_ms` (looked up at
-            each call).
+        timer: ``timer(fn) -> ms``; None: :func:`liger_portable.tuning.timing.do_bench_ms` (looked
+            up at each call).
     """
 
     kernel: str
@@ -76,7 +78,7 @@ class TuneRun:
     timer: Callable[[Callable[[], Any]], float] | None = None
 
     def __call__(self, resolved: Resolved) -> float:
-        timer = self.timer or _tune.do_bench_ms
+        timer = self.timer or timing.do_bench_ms
         return float(timer(lambda: self.launch(resolved)))
 
 
@@ -143,7 +145,7 @@ class _Problem:
 
     def table_default(self, kernel: str) -> Resolved:
         """The table's config of ``kernel`` for this problem, for a prerequisite launch."""
-        return make_resolved(kernel, _tune.default_config(kernel, self.device, self.named), "tuning prerequisite")
+        return make_resolved(kernel, search.default_config(kernel, self.device, self.named), "tuning prerequisite")
 
 
 # --------------------------------------------------------------------------- one builder per kernel
@@ -312,9 +314,9 @@ def build_run(
     return TuneRun(kernel, inputs, launch, timer)
 
 
-def make_hook(kernel: str, timer: Callable[[Callable[[], Any]], float] | None = None) -> _tune.TuneHook:
+def make_hook(kernel: str, timer: Callable[[Callable[[], Any]], float] | None = None) -> runtime.TuneHook:
     """The tuning hook of ``kernel``: ``hook(device, named, dtype) -> TuneRun`` timed by ``timer``
-    (default :func:`liger_portable._tune.do_bench_ms`)."""
+    (default :func:`liger_portable.tuning.timing.do_bench_ms`)."""
     if kernel not in _BUILDERS:
         raise KeyError(f"no tuning hook for kernel {kernel!r}; known kernels: {', '.join(_BUILDERS)}")
 
@@ -325,12 +327,12 @@ def make_hook(kernel: str, timer: Callable[[Callable[[], Any]], float] | None = 
     return hook
 
 
-HOOKS: dict[str, _tune.TuneHook] = {k: make_hook(k) for k in _BUILDERS}
+HOOKS: dict[str, runtime.TuneHook] = {k: make_hook(k) for k in _BUILDERS}
 
 
 def register_all() -> None:
-    """Register the hook of every kernel with :func:`liger_portable._tune.register_hook`, except
-    for kernels that already have one (a hook the user registered is kept). Idempotent."""
+    """Register the hook of every kernel with :func:`liger_portable.tuning.runtime.register_hook`,
+    except for kernels that already have one (a hook the user registered is kept). Idempotent."""
     for kernel, hook in HOOKS.items():
-        if kernel not in _tune._hooks:
-            _tune.register_hook(kernel, hook)
+        if kernel not in runtime.registered_hooks():
+            runtime.register_hook(kernel, hook)
