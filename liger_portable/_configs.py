@@ -58,28 +58,13 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from . import _cache, _paths, _tables
-from ._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, DeviceInfo, on_reset
+from ._platform import ALL_BACKEND_OPTIONS, DeviceInfo, on_reset
+# Table validation lives in _tables (below this module); re-exported here, where callers look.
+from ._tables import LIMIT_FIELDS, SCHEMA, ConfigError, Limits, _check_config, _check_limits  # noqa: F401
 from ._specs import SPECS, KernelSpec
 
-SCHEMA = 1
-LIMIT_FIELDS = ("warp_size", "max_threads_per_block", "shared_mem_per_block")
 _GPU_BACKENDS = ("cuda", "rocm", "xpu")
 ENV_AUTOTUNE = "LIGER_PORTABLE_AUTOTUNE"  # "1": tune a cache miss once per process (see tuning.runtime)
-
-
-class ConfigError(ValueError):
-    """A config table or cache entry is malformed; the message names file, kernel and field."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    warp_size: int
-    max_threads_per_block: int
-    shared_mem_per_block: int
-
-    @classmethod
-    def of(cls, device: DeviceInfo) -> "Limits":
-        return cls(device.warp_size, device.max_threads_per_block, device.shared_mem_per_block)
 
 
 @dataclass(frozen=True)
@@ -131,65 +116,6 @@ class Resolved:
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def _check_config(
-    cfg: Any, spec: KernelSpec, backend: str, limits: Limits, where: str, *, partial: bool = False
-) -> None:
-    """Raise :class:`ConfigError` if ``cfg`` is not a legal config of ``spec`` on ``limits``."""
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{where}: config must be an object, got {type(cfg).__name__}")
-    for name, value in cfg.items():
-        if name == "num_warps":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
-                raise ConfigError(f"{where}: field 'num_warps' must be a power of two >= 1, got {value!r}")
-            threads = value * limits.warp_size
-            if threads > limits.max_threads_per_block:
-                raise ConfigError(
-                    f"{where}: field 'num_warps'={value} gives {threads} threads per block "
-                    f"(warp size {limits.warp_size}) over the limit of {limits.max_threads_per_block}; "
-                    f"use num_warps <= {limits.max_threads_per_block // limits.warp_size}"
-                )
-        elif name == "num_stages":
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
-                raise ConfigError(f"{where}: field 'num_stages' must be an integer in [1, 8], got {value!r}")
-        elif name in spec.params:
-            err = spec.params[name].check(value)
-            if err:
-                raise ConfigError(f"{where}: field {name!r} ({spec.params[name].doc}) {err}")
-        elif name in ALL_BACKEND_OPTIONS:
-            if name not in BACKEND_OPTIONS[backend]:
-                owner = next(b for b, opts in BACKEND_OPTIONS.items() if name in opts)
-                raise ConfigError(
-                    f"{where}: field {name!r} is a {owner} launch option; the {backend} Triton backend "
-                    f"raises KeyError for it at launch. Allowed options here: "
-                    f"{sorted(BACKEND_OPTIONS[backend]) or 'none'}"
-                )
-        else:
-            raise ConfigError(
-                f"{where}: unknown field {name!r}; expected num_warps, num_stages, "
-                f"{', '.join(spec.params)} or a {backend} option {sorted(BACKEND_OPTIONS[backend])}"
-            )
-    if partial:
-        return
-    missing = [n for n in ("num_warps", *spec.params) if n not in cfg]
-    if missing:
-        raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}")
-    smem = spec.smem_bytes(cfg, cfg["num_warps"], 4)
-    if smem > limits.shared_mem_per_block:
-        raise ConfigError(
-            f"{where}: needs about {smem} bytes of shared memory per block, over the limit of "
-            f"{limits.shared_mem_per_block}"
-        )
-
-
-def _check_limits(raw: Any, where: str) -> Limits:
-    if not isinstance(raw, dict) or set(raw) != set(LIMIT_FIELDS):
-        raise ConfigError(f"{where}: field 'limits' must have exactly {', '.join(LIMIT_FIELDS)}")
-    for k in LIMIT_FIELDS:
-        if isinstance(raw[k], bool) or not isinstance(raw[k], int) or raw[k] <= 0:
-            raise ConfigError(f"{where}: field 'limits.{k}' must be a positive integer, got {raw[k]!r}")
-    return Limits(**raw)
 
 
 @dataclass(frozen=True)

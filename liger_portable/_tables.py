@@ -53,19 +53,101 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS
-from ._specs import SPECS
+from ._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, DeviceInfo
+from ._specs import SPECS, KernelSpec
+
+SCHEMA = 1
+LIMIT_FIELDS = ("warp_size", "max_threads_per_block", "shared_mem_per_block")
+
+
+class ConfigError(ValueError):
+    """A config table or cache entry is malformed; the message names file, kernel and field."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    warp_size: int
+    max_threads_per_block: int
+    shared_mem_per_block: int
+
+    @classmethod
+    def of(cls, device: DeviceInfo) -> "Limits":
+        return cls(device.warp_size, device.max_threads_per_block, device.shared_mem_per_block)
+
+
+
+# --------------------------------------------------------------------------- validation (of one config)
+
+
+def _check_config(
+    cfg: Any, spec: KernelSpec, backend: str, limits: Limits, where: str, *, partial: bool = False
+) -> None:
+    """Raise :class:`ConfigError` if ``cfg`` is not a legal config of ``spec`` on ``limits``."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: config must be an object, got {type(cfg).__name__}")
+    for name, value in cfg.items():
+        if name == "num_warps":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ConfigError(f"{where}: field 'num_warps' must be a power of two >= 1, got {value!r}")
+            threads = value * limits.warp_size
+            if threads > limits.max_threads_per_block:
+                raise ConfigError(
+                    f"{where}: field 'num_warps'={value} gives {threads} threads per block "
+                    f"(warp size {limits.warp_size}) over the limit of {limits.max_threads_per_block}; "
+                    f"use num_warps <= {limits.max_threads_per_block // limits.warp_size}"
+                )
+        elif name == "num_stages":
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
+                raise ConfigError(f"{where}: field 'num_stages' must be an integer in [1, 8], got {value!r}")
+        elif name in spec.params:
+            err = spec.params[name].check(value)
+            if err:
+                raise ConfigError(f"{where}: field {name!r} ({spec.params[name].doc}) {err}")
+        elif name in ALL_BACKEND_OPTIONS:
+            if name not in BACKEND_OPTIONS[backend]:
+                owner = next(b for b, opts in BACKEND_OPTIONS.items() if name in opts)
+                raise ConfigError(
+                    f"{where}: field {name!r} is a {owner} launch option; the {backend} Triton backend "
+                    f"raises KeyError for it at launch. Allowed options here: "
+                    f"{sorted(BACKEND_OPTIONS[backend]) or 'none'}"
+                )
+        else:
+            raise ConfigError(
+                f"{where}: unknown field {name!r}; expected num_warps, num_stages, "
+                f"{', '.join(spec.params)} or a {backend} option {sorted(BACKEND_OPTIONS[backend])}"
+            )
+    if partial:
+        return
+    missing = [n for n in ("num_warps", *spec.params) if n not in cfg]
+    if missing:
+        raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}")
+    smem = spec.smem_bytes(cfg, cfg["num_warps"], 4)
+    if smem > limits.shared_mem_per_block:
+        raise ConfigError(
+            f"{where}: needs about {smem} bytes of shared memory per block, over the limit of "
+            f"{limits.shared_mem_per_block}"
+        )
+
+
+def _check_limits(raw: Any, where: str) -> Limits:
+    if not isinstance(raw, dict) or set(raw) != set(LIMIT_FIELDS):
+        raise ConfigError(f"{where}: field 'limits' must have exactly {', '.join(LIMIT_FIELDS)}")
+    for k in LIMIT_FIELDS:
+        if isinstance(raw[k], bool) or not isinstance(raw[k], int) or raw[k] <= 0:
+            raise ConfigError(f"{where}: field 'limits.{k}' must be a positive integer, got {raw[k]!r}")
+    return Limits(**raw)
+
+
 
 BASE_FILE = "base.json"
 _BASE_FIELDS = ("schema", "about", "base", "kernels")
 
 
 def _error(msg: str) -> Exception:
-    from ._configs import ConfigError  # late: _configs imports this module
-
     return ConfigError(msg)
 
 
@@ -111,8 +193,6 @@ def _base_entries(base: Any, bname: str) -> tuple[dict, dict[str, dict]]:
     entries by kernel. Values are checked where they are inherited, against each vendor's limits."""
     if not isinstance(base, dict):
         raise _error(f"{bname}: top level must be an object")
-    from ._configs import SCHEMA
-
     if base.get("schema") != SCHEMA:
         raise _error(f"{bname}: field 'schema' must be {SCHEMA}, got {base.get('schema')!r}")
     for field in base:
@@ -159,8 +239,6 @@ def expand(data: Any, path: Path, backend: str, base: tuple[Any, Path] | None = 
     """The vendor table ``data`` (decoded from ``path``) merged with base.json (``base``: decoded
     data and path; default: the ``base.json`` beside ``path``), in the flat form ``parse_table``
     reads. A table too malformed to merge is returned as it is, for ``parse_table`` to report."""
-    from . import _configs  # late: _configs imports this module
-
     base_data, base_path = base if base is not None else load_base(path.parent)
     bname, f = base_path.name, path.name
     file_base, base_entries = _base_entries(base_data, bname)
@@ -183,7 +261,7 @@ def expand(data: Any, path: Path, backend: str, base: tuple[Any, Path] | None = 
         sec_base = raw.get("base", {})
         if not isinstance(sec_base, dict):
             raise _error(f"{sw}: field 'base' must be an object of config fields")
-        limits = _configs._check_limits(raw.get("limits"), sw)
+        limits = _check_limits(raw.get("limits"), sw)
         own = _split(raw.get("kernels", {}), sw)
         root = sname == "default" or inherits == "base"
         if root:  # base.json's entries
@@ -215,7 +293,7 @@ def expand(data: Any, path: Path, backend: str, base: tuple[Any, Path] | None = 
             base_where: dict[str, str] = {}
             for piece, where, is_inherited in pieces:
                 label = _via(where, sw) if is_inherited else where
-                _configs._check_config(piece, spec, backend, limits, label, partial=True)
+                _check_config(piece, spec, backend, limits, label, partial=True)
                 merged.update(piece)
                 base_where.update(dict.fromkeys(piece, where))
             new: dict[str, Any] = {"base": merged, "_base_where": base_where}

@@ -25,7 +25,7 @@ ROOT = "liger_portable"
 # (liger_portable.tuning.hooks is in "tuning"); liger_portable itself (its __init__) sits on top.
 LAYERS: list[tuple[str, set[str]]] = [
     ("platform", {"_platform", "_paths", "_checks"}),
-    ("configs", {"_configs", "_cache", "_specs"}),
+    ("configs", {"_configs", "_cache", "_specs", "_tables"}),
     # fallback: the pure-PyTorch twins of the kernels import nothing of the package, and
     # ops.fused_linear_cross_entropy uses fallback.cross_entropy.chunk_rows: a kernels-layer module.
     ("kernels", {"ops", "_dispatch", "fallback"}),
