@@ -49,6 +49,11 @@ __all__ = [
 CASTING_MODES = ("llama", "gemma")
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a contiguous 1-D tensor (as it is when it already is one: no view op)."""
+    return t if t.dim() == 1 and t.stride(0) == 1 else t.reshape(-1).contiguous()
+
+
 def _kernel_device(ops, device: torch.device, x: torch.Tensor):
     """The :class:`~liger_portable.DeviceInfo` a call on ``x`` launches the Triton kernels of ``ops``
     with, or None for the fallback: Triton is present, ``device`` is the detected GPU backend's (or
@@ -255,7 +260,9 @@ def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> 
     dev = None if a.dim() == 0 else _kernel_device(_glu_ops, same_device(a=a, b=b), a)
     if dev is None:
         return (fallback.swiglu if act == "silu" else fallback.geglu)(a, b)
-    return _glu_ops.glu(_rows(a), _rows(b), act, inplace_backward, dev).view(a.shape)
+    # In place, the backward hands the gradients back in the storage of a and b: pass them as views.
+    c = _glu_ops.glu(_rows(a, inplace_backward), _rows(b, inplace_backward), act, inplace_backward, dev)
+    return c if c.shape == a.shape else c.view(a.shape)
 
 
 def _glu_down(
@@ -528,7 +535,7 @@ def cross_entropy(
             logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
         )
     loss, z = _ce_ops.cross_entropy(
-        _rows(logits), target.reshape(-1).contiguous(), ignore_index, label_smoothing, lse_square_scale,
+        _rows(logits, inplace_backward), _flat(target), ignore_index, label_smoothing, lse_square_scale,
         softcap, reduction, inplace_backward, dev,
     )
     return _loss_result(loss, z, target, reduction, return_z_loss)
@@ -619,7 +626,7 @@ def fused_linear_cross_entropy(
             softcap, return_z_loss, chunk_mib,
         )
     loss, z = _flce_ops.fused_linear_cross_entropy(
-        _rows(hidden), weight, target.reshape(-1).contiguous(), bias, ignore_index, label_smoothing,
+        _rows(hidden, alias=False), weight, _flat(target), bias, ignore_index, label_smoothing,
         lse_square_scale, softcap, reduction, chunk_mib, dev,
     )
     return _loss_result(loss, z, target, reduction, return_z_loss)
