@@ -1,33 +1,31 @@
 """What the vendor compile matrix (``scripts/vendor_matrix.py``) compiles for each kernel spec.
 
-Each Triton kernel family is described declaratively: for a launch config (the table's config,
-host-side parameters included), a problem (the spec's key fields) and a dtype, the ``@triton.jit``
-function, the argument types (``signature``) and the ``tl.constexpr`` values **its launch code
-passes** (read from ``liger_portable/ops/*.py``; keep the two in step when a launch changes).
-Some specs launch one kernel in several forms (LayerNorm with and without bias, RoPE forward and
-backward): each form is a :class:`Launch` of its own.
-
-Where descriptions come from, in order:
-
-1. ``COMPILE_DESCRIPTIONS`` in the kernel's ops module (``liger_portable/ops/<file>.py`` of the
-   spec's ``source``), a dict ``spec name -> describe(cfg, problem, dtype) -> list[Launch]``, so a
-   new kernel can ship its own;
-2. :data:`DESCRIPTIONS` below.
-
-A spec with neither, or whose ops module does not import, is skipped by the matrix with a note.
-Importing this module does not import Triton; :func:`launches` does (the ops modules need it).
+Nothing here is written per kernel. For a launch config (the table's, host-side parameters
+included), a problem (the spec's key fields) and a dtype, :func:`describe` runs the kernel family's
+own examples (``KernelSpec.examples``: the launch code a training step runs) on meta tensors with
+the launches captured instead of made (:func:`liger_portable.ops._launch.capture`), and turns each
+captured launch into a :class:`Launch`: the ``@triton.jit`` function, the Triton type of every
+argument as the launch passed it, its constexpr values and launch options, and the arguments Triton
+would specialise as 16-byte aligned (tensors from the allocator; integers that are multiples of 16).
+A spec's variants (LayerNorm with and without bias, RoPE forward and backward, ...) and the helper
+kernels a launch makes (the cross-entropy's gradient scaling) are compiled too.
 """
 
 from __future__ import annotations
 
-import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ._specs import SPECS, next_pow2
+import torch
+
+from ._platform import DeviceInfo
+from ._specs import SPECS
 
 # Element type names of Triton signatures, by torch dtype name.
 PTR = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
+_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64",
+        torch.int64: "*i64", torch.int32: "*i32", torch.int8: "*i8", torch.uint8: "*u8", torch.bool: "*i1"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +40,7 @@ class Launch:
         aligned: arguments the launch passes 16-byte aligned / divisible by 16 (Triton specialises
             on that at run time: pointers from PyTorch, strides and sizes that are multiples of 16).
         variant: a short name of the form (``"bias"``, ``"backward"``), shown in failures.
+        options: the launch's ``num_warps``, ``num_stages`` and backend options (None: the config's).
     """
 
     fn: Any
@@ -49,6 +48,7 @@ class Launch:
     constexprs: dict[str, Any]
     aligned: tuple[str, ...] = ()
     variant: str = ""
+    options: dict[str, Any] | None = None
 
     def __post_init__(self):
         # Triton reads the signature in the function's argument order.
@@ -64,204 +64,80 @@ class Launch:
 
 Describe = Callable[[dict, dict, str], list]
 
-
-def _sig(args: list[tuple[str, str]], constexprs: dict[str, Any]) -> dict[str, str]:
-    sig = dict(args)
-    for name in constexprs:
-        sig[name] = "constexpr"
-    return sig
+# The device the examples are built for: its table gives the prerequisite launches' configs (a
+# backward's forward), which are not compiled; the kernel's own config is the one given.
+_DEVICE = DeviceInfo("cuda", 0, "compile matrix", "sm90", 32, 132, 1024, 232448)
 
 
-def _aligned(ptrs: list[str], ints: list[str], n_cols: int) -> tuple[str, ...]:
-    # Pointers from torch allocations are 16-byte aligned; row strides of contiguous rows equal
-    # n_cols, so they are multiples of 16 exactly when n_cols is.
-    return tuple(ptrs) + (tuple(ints) if n_cols % 16 == 0 else ())
+def _params(fn: Any) -> list[tuple[str, bool, Any]]:
+    """``(name, is_constexpr, default)`` of each argument of a jit function (or of the interpreter's)."""
+    params = getattr(fn, "params", None)
+    if params is not None:
+        return [(p.name, bool(p.is_constexpr), p.default) for p in params]
+    return [(p.name, "constexpr" in str(p.annotation), p.default) for p in inspect.signature(fn.fn).parameters.values()]
 
 
-def _block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
-    # ops/rms_norm.py and ops/layer_norm.py: _block_n
-    block = next_pow2(n_cols)
-    return (block, True) if block <= block_n_max else (block_n_max, False)
-
-
-# --------------------------------------------------------------------------- RMSNorm (ops/rms_norm.py)
-
-
-def _rms_norm_fwd(residual: bool) -> Describe:
-    def describe(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
-        from .ops.rms_norm import _rms_norm_fwd_kernel
-
-        n_cols = problem["n_cols"]
-        block_n, single = _block_n(n_cols, cfg["BLOCK_N_MAX"])
-        t = PTR[dtype]
-        c = {"GEMMA": False, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": block_n, "SINGLE_PASS": single}
-        args = [("X", t), ("Y", t), ("W", t), ("RSTD", "*fp32"), ("stride_x", "i32"), ("stride_y", "i32"),
-                ("n_rows", "i32"), ("n_cols", "i32"), ("eps", "fp32"), ("offset", "fp32")]
-        ptrs, ints = ["X", "Y", "W", "RSTD"], ["stride_x", "stride_y", "n_cols"]
-        if residual:
-            args += [("R", t), ("stride_r", "i32"), ("S", t)]
-            c["HAS_RESIDUAL"] = True
-            ptrs += ["R", "S"]
-            ints += ["stride_r"]
+def to_launch(captured: Any, variant: str = "") -> Launch:
+    """The :class:`Launch` of one captured launch: each argument typed as Triton types it."""
+    sig: dict[str, str] = {}
+    consts: dict[str, Any] = {}
+    aligned: list[str] = []
+    for i, (name, is_const, default) in enumerate(_params(captured.fn)):
+        if i < len(captured.args):
+            v = captured.args[i]
         else:
-            c.update(R=None, stride_r=None, S=None, HAS_RESIDUAL=False)
-        return [Launch(_rms_norm_fwd_kernel, _sig(args, c), c, _aligned(ptrs, ints, n_cols))]
-
-    return describe
-
-
-def _rms_norm_bwd(dsum: bool) -> Describe:
-    def describe(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
-        from .ops.rms_norm import _rms_norm_bwd_kernel
-
-        n_cols = problem["n_cols"]
-        block_n, single = _block_n(n_cols, cfg["BLOCK_N_MAX"])
-        t = PTR[dtype]
-        c = {"GEMMA": False, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": block_n, "SINGLE_PASS": single}
-        args = [("DY", t), ("X", t), ("W", t), ("RSTD", "*fp32"), ("DX", t), ("DW_PARTIAL", "*fp32"),
-                ("stride_dy", "i32"), ("stride_x", "i32"), ("stride_dx", "i32"), ("n_rows", "i32"),
-                ("n_cols", "i32"), ("offset", "fp32")]
-        ptrs = ["DY", "X", "W", "RSTD", "DX", "DW_PARTIAL"]
-        ints = ["stride_dy", "stride_x", "stride_dx", "n_cols"]
-        if dsum:
-            args += [("DS", t), ("stride_ds", "i32")]
-            c["HAS_DSUM"] = True
-            ptrs += ["DS"]
-            ints += ["stride_ds"]
+            v = captured.kwargs.get(name, None if default is inspect.Parameter.empty else default)
+        if is_const or v is None:
+            sig[name], consts[name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[name] = _PTR[v.dtype]
+            aligned.append(name)  # allocations are 16-byte aligned (meta tensors stand for them)
+        elif isinstance(v, bool):
+            sig[name] = "i1"
+        elif isinstance(v, int):
+            sig[name] = "i32" if -(2**31) <= v < 2**31 else "i64"
+            if v % 16 == 0:
+                aligned.append(name)
+        elif isinstance(v, float):
+            sig[name] = "fp32"
         else:
-            c.update(DS=None, stride_ds=None, HAS_DSUM=False)
-        return [Launch(_rms_norm_bwd_kernel, _sig(args, c), c, _aligned(ptrs, ints, n_cols))]
-
-    return describe
+            raise TypeError(f"{captured.fn.__name__}: argument {name} of type {type(v).__name__} has no Triton type here")
+    return Launch(captured.fn, sig, consts, tuple(aligned), variant, dict(captured.options))
 
 
-# --------------------------------------------------------------------------- LayerNorm (ops/layer_norm.py)
+def describe(spec_name: str) -> Describe | None:
+    """``describe(cfg, problem, dtype_name) -> [Launch]`` of a spec, from its family's examples
+    (None if the spec declares none)."""
+    spec = SPECS[spec_name]
+    if spec.examples is None:
+        return None
 
+    def run(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
+        from ._configs import make_resolved
+        from ._dispatch import simulate
+        from .ops import _launch
+        from .ops._problem import Problem
 
-def _layer_norm_fwd(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
-    from .ops.layer_norm import _layer_norm_fwd_kernel
+        p = Problem(spec_name, _DEVICE, problem, getattr(torch, dtype), where=torch.device("meta"))
+        resolved = make_resolved(spec_name, cfg, "compile matrix")
+        out: list[Launch] = []
+        seen: set = set()
+        with simulate(_DEVICE), _launch.capture() as made:
+            examples = spec.examples(p)  # a prerequisite launch (a backward's forward) is not kept
+            for variant, _inputs, launch in examples:
+                made.clear()
+                launch(resolved)
+                for c in made:
+                    one = to_launch(c, variant)
+                    key = (one.fn, tuple(one.signature.items()), repr(sorted(one.constexprs.items())),
+                           one.aligned, repr(sorted(one.options.items())))
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(one)
+        return out
 
-    n_cols = problem["n_cols"]
-    block_n, single = _block_n(n_cols, cfg["BLOCK_N_MAX"])
-    t = PTR[dtype]
-    args = [("X", t), ("Y", t), ("W", t), ("B", t), ("MEAN", "*fp32"), ("RSTD", "*fp32"),
-            ("stride_x", "i32"), ("stride_y", "i32"), ("n_rows", "i32"), ("n_cols", "i32"), ("eps", "fp32")]
-    aligned = _aligned(["X", "Y", "W", "B", "MEAN", "RSTD"], ["stride_x", "stride_y", "n_cols"], n_cols)
-    out = []
-    for bias in (True, False):
-        c = {"HAS_BIAS": bias, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": block_n, "SINGLE_PASS": single}
-        out.append(Launch(_layer_norm_fwd_kernel, _sig(args, c), c, aligned, "bias" if bias else "no bias"))
-    return out
+    return run
 
-
-def _layer_norm_bwd(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
-    from .ops.layer_norm import _layer_norm_bwd_kernel, _split_row
-
-    n_cols = problem["n_cols"]
-    block_n, tail_n, single = _split_row(n_cols, cfg["BLOCK_N_MAX"])
-    t = PTR[dtype]
-    args = [("DY", t), ("X", t), ("W", t), ("MEAN", "*fp32"), ("RSTD", "*fp32"), ("DX", t),
-            ("PARTIAL", "*fp32"), ("stride_dy", "i32"), ("stride_x", "i32"), ("stride_dx", "i32"),
-            ("stride_partial", "i32"), ("n_rows", "i32"), ("n_cols", "i32")]
-    ptrs = ["DY", "X", "W", "MEAN", "RSTD", "DX", "PARTIAL"]
-    out = []
-    for bias in (True, False):
-        c = {"HAS_BIAS": bias, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": block_n, "TAIL_N": tail_n, "SINGLE_PASS": single}
-        # The partial buffer's row stride is 2 n_cols with a bias, n_cols without.
-        aligned = _aligned(ptrs, ["stride_dy", "stride_x", "stride_dx", "n_cols"], n_cols)
-        if (2 * n_cols if bias else n_cols) % 16 == 0:
-            aligned += ("stride_partial",)
-        out.append(Launch(_layer_norm_bwd_kernel, _sig(args, c), c, aligned, "bias" if bias else "no bias"))
-    return out
-
-
-# --------------------------------------------------------------------------- SwiGLU / GeGLU (ops/glu.py)
-
-
-def _glu(act: str, backward: bool) -> Describe:
-    def describe(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
-        from .ops import glu
-
-        n_cols = problem["n_cols"]
-        # glu._tile: the table's BLOCK_N clamped to the row length.
-        block_n = min(cfg["BLOCK_N"], max(16, next_pow2(n_cols)))
-        t = PTR[dtype]
-        c = {"ACT": act, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": block_n}
-        if backward:
-            fn = glu._glu_bwd_kernel
-            ptrs = ["DC", "A", "B", "DA", "DB"]
-            ints = ["stride_dc", "stride_a", "stride_b", "stride_da", "stride_db"]
-        else:
-            fn = glu._glu_fwd_kernel
-            ptrs = ["A", "B", "C"]
-            ints = ["stride_a", "stride_b", "stride_c"]
-        args = [(p, t) for p in ptrs] + [(s, "i32") for s in ints] + [("n_rows", "i32"), ("n_cols", "i32")]
-        return [Launch(fn, _sig(args, c), c, _aligned(ptrs, ints + ["n_cols"], n_cols))]
-
-    return describe
-
-
-# --------------------------------------------------------------------------- RoPE (ops/rope.py)
-
-
-def _rope(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
-    from .ops.rope import _rope_kernel
-
-    head_dim = problem["head_dim"]
-    t = PTR[dtype]
-    ptrs = ["Q", "K", "QO", "KO", "COS", "SIN"]
-    strides = ["sqb", "sqh", "sqs", "skb", "skh", "sks", "sqob", "sqoh", "sqos", "skob", "skoh", "skos",
-               "scb", "scs", "ssb", "sss"]
-    args = [(p, t) for p in ptrs] + [(s, "i32") for s in strides]
-    args += [("n_qh", "i32"), ("n_heads", "i32"), ("seq_len", "i32"), ("n_sblocks", "i32"), ("n_hgroups", "i32")]
-    out = []
-    for backward in (False, True):
-        c = {"BACKWARD": backward, "HALF": head_dim // 2, "BLOCK_H": next_pow2(head_dim // 2),
-             "BLOCK_S": cfg["BLOCK_S"], "HEADS": cfg["HEADS"]}
-        # Every stride is a multiple of head_dim (Hugging Face layouts), so of 16 when head_dim is.
-        out.append(Launch(_rope_kernel, _sig(args, c), c, _aligned(ptrs, strides, head_dim),
-                          "backward" if backward else "forward"))
-    return out
-
-
-# --------------------------------------------------------------------------- cross-entropy (ops/cross_entropy.py)
-
-
-def _cross_entropy(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
-    """ce_rows: the plain loss (mean scale as a device tensor) and every option switched on."""
-    from .ops.cross_entropy import _ce_kernel
-
-    t = PTR[dtype]
-    ptrs = ["X", "G", "T", "LOSS", "ZLOSS", "SCALE"]
-    args = [("X", t), ("stride_x", "i32"), ("G", t), ("stride_g", "i32"), ("T", "*i64"), ("LOSS", "*fp32"),
-            ("ZLOSS", "*fp32"), ("SCALE", "*fp32"), ("stride_scale", "i32"), ("n_cols", "i32"),
-            ("ignore_index", "i32"), ("label_smoothing", "fp32"), ("lse_square_scale", "fp32"),
-            ("softcap", "fp32"), ("grad_scale", "fp32")]
-    out = []
-    for variant, on in (("plain", False), ("smoothing+z-loss+softcap", True)):
-        c = {"HAS_SMOOTH": on, "HAS_Z": on, "HAS_SOFTCAP": on, "HAS_SCALE": True, "RETURN_GRAD": True,
-             "BLOCK_V": cfg["BLOCK_V"]}
-        out.append(Launch(_ce_kernel, _sig(args, c), c, _aligned(ptrs, ["stride_x", "stride_g"], problem["n_cols"]),
-                          variant))
-    return out
-
-
-DESCRIPTIONS: dict[str, Describe] = {
-    "rms_norm_fwd": _rms_norm_fwd(residual=False),
-    "rms_norm_bwd": _rms_norm_bwd(dsum=False),
-    "fused_add_rms_norm_fwd": _rms_norm_fwd(residual=True),
-    "fused_add_rms_norm_bwd": _rms_norm_bwd(dsum=True),
-    "layer_norm_fwd": _layer_norm_fwd,
-    "layer_norm_bwd": _layer_norm_bwd,
-    "swiglu_fwd": _glu("silu", backward=False),
-    "swiglu_bwd": _glu("silu", backward=True),
-    "geglu_fwd": _glu("gelu_tanh", backward=False),
-    "geglu_bwd": _glu("gelu_tanh", backward=True),
-    "rope": _rope,
-    # The fused linear cross-entropy launches the same kernel on each chunk's logits.
-    "cross_entropy": _cross_entropy,
-    "fused_linear_cross_entropy": _cross_entropy,
-}
 
 # Representative problems per key, for the default configs: row lengths that straddle every rule
 # bound of the tables, Llama-like hidden and MLP sizes, and odd ones.
@@ -303,21 +179,13 @@ class Lookup:
 
 
 def lookup(spec_name: str) -> Lookup:
-    """The description of ``spec_name``: the ops module's own ``COMPILE_DESCRIPTIONS`` first, then
-    :data:`DESCRIPTIONS`; a note when there is none or the ops module does not import."""
-    spec = SPECS[spec_name]
-    module = "liger_portable." + spec.source.removesuffix(".py").replace("/", ".")
-    try:
-        mod = importlib.import_module(module)
-    except Exception as e:  # a missing or half-written kernel module must not stop the matrix
-        return Lookup(None, f"{module} does not import ({type(e).__name__}: {e})")
-    own = getattr(mod, "COMPILE_DESCRIPTIONS", {}) or {}
-    if spec_name in own:
-        return Lookup(own[spec_name])
-    if spec_name in DESCRIPTIONS:
-        return Lookup(DESCRIPTIONS[spec_name])
-    return Lookup(
-        None,
-        f"no launch description (add COMPILE_DESCRIPTIONS[{spec_name!r}] to {module} "
-        "or an entry to liger_portable/_compile_matrix.py)",
-    )
+    """The description of ``spec_name`` (from its family's examples), or a note why there is none."""
+    d = DESCRIPTIONS.get(spec_name)
+    if d is None:
+        return Lookup(None, f"{spec_name} declares no examples (KernelSpec.examples) to compile")
+    return Lookup(d)
+
+
+# Every registered kernel with examples (the kernel families register them when liger_portable.ops
+# is imported, which importing liger_portable does where Triton is installed).
+DESCRIPTIONS: dict[str, Describe] = {name: d for name in SPECS if (d := describe(name)) is not None}

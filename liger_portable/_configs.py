@@ -285,6 +285,19 @@ def table_config(
     raise AssertionError("unreachable: default sections end with a catch-all rule")
 
 
+def table_default(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> dict[str, Any]:
+    """The table's config for ``named`` on ``device`` (fitted to its limits, as resolve does),
+    whatever the caches hold: the tuner's baseline and the config of a prerequisite launch."""
+    cfg, _ = table_config(load_table(device.backend), device.arch, kernel, dict(named))
+    cfg = dict(cfg)
+    spec, limits = SPECS[kernel], Limits.of(device)
+    try:
+        _check_config(cfg, spec, device.backend, limits, "table default")
+    except ConfigError:
+        cfg = _fit_to_device(cfg, limits)
+    return cfg
+
+
 def search_space(table: Table, arch: str, kernel: str) -> dict[str, list]:
     """The tuner's search space for ``kernel`` on ``arch`` (arch section first, else default)."""
     section = table.section_for(arch)

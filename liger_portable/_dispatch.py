@@ -53,8 +53,8 @@ def use_kernels(device: torch.device) -> bool:
 
 def device_info(t: torch.Tensor) -> DeviceInfo:
     """The :class:`DeviceInfo` whose launch configs apply to ``t`` (the simulated one for CPU tensors)."""
-    if t.device.type == "cpu":
-        assert _SIMULATED is not None, "CPU tensors reach the kernels only under simulate()"
+    if t.device.type in ("cpu", "meta"):  # meta: the compile matrix's examples, under simulate()
+        assert _SIMULATED is not None, "CPU (or meta) tensors reach the kernels only under simulate()"
         return _SIMULATED
     return platform().device(t.device.index)
 

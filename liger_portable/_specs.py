@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 
 def next_pow2(n: int) -> int:
@@ -66,6 +66,13 @@ class KernelSpec:
             registers at once (its tile). The tuner skips search points with more than
             ``MAX_VALUES_PER_THREAD`` a thread: they spill and their unrolled bodies take
             seconds to compile. None: no such bound.
+        examples: ``examples(problem) -> [(variant, inputs, launch)]``, declared by the kernel's
+            family beside its launch code: inputs of one problem (``problem`` is the tuner's
+            :class:`~liger_portable.tuning.hooks.Problem`: device, named sizes, dtype, random
+            draws) and ``launch(resolved)``, which launches exactly this kernel with that config
+            through the family's own launch code. The tuner times the first (the form a training
+            step runs); the vendor compile matrix compiles every variant, reading each launch's
+            arguments on meta tensors, so no launch signature is written twice.
     """
 
     name: str
@@ -76,6 +83,7 @@ class KernelSpec:
     smem_bytes: Callable[[dict, int, int], int] = field(default=lambda params, num_warps, esize: 0)
     equivalent: Callable[[dict, dict], dict] = field(default=lambda config, problem: config)
     tile_values: Callable[[dict, dict], int] | None = None
+    examples: Callable[[Any], list] | None = None
 
     @property
     def version(self) -> str:
@@ -119,7 +127,7 @@ def _source_files(path: Path, seen: set) -> list[Path]:
 _HASHES: dict[str, str] = {}
 
 
-def _rows_cols_bucket(k: dict) -> tuple:
+def rows_cols_bucket(k: dict) -> tuple:
     # The row length decides the block shape exactly; the row count only matters for how full the
     # GPU is, so it is bucketed to the next power of two.
     return (("n_cols", k["n_cols"]), ("n_rows", next_pow2(k["n_rows"])))
@@ -165,98 +173,73 @@ def _clamped(name: str, lo: int) -> Callable[[dict, dict], dict]:
 
 
 
-def _row_norm_specs(family: str, source: str) -> tuple[KernelSpec, KernelSpec]:
+def row_norm_specs(
+    family: str, source: str, examples: tuple[Callable | None, Callable | None] = (None, None)
+) -> tuple[KernelSpec, KernelSpec]:
     """Forward and backward specs of a row-normalisation kernel (RMSNorm, LayerNorm, ...)."""
     fwd = KernelSpec(
         name=f"{family}_fwd",
         key=("n_cols", "n_rows"),
-        bucket=_rows_cols_bucket,
+        bucket=rows_cols_bucket,
         params={"BLOCK_M": _BLOCK_M, "BLOCK_N_MAX": _BLOCK_N_MAX},
         source=source,
         smem_bytes=_row_reduce_smem,
         equivalent=_clamped("BLOCK_N_MAX", 1),  # ops: a row that fits BLOCK_N_MAX is one next_pow2 block
         tile_values=_row_tile("BLOCK_N_MAX", 1),
+        examples=examples[0],
     )
     bwd = KernelSpec(
         name=f"{family}_bwd",
         key=("n_cols", "n_rows"),
-        bucket=_rows_cols_bucket,
+        bucket=rows_cols_bucket,
         params={"BLOCK_M": _BLOCK_M, "BLOCK_N_MAX": _BLOCK_N_MAX, "PROGRAMS_PER_CU": _PROGRAMS_PER_CU},
         source=source,
         smem_bytes=_row_reduce_smem,
         equivalent=_clamped("BLOCK_N_MAX", 1),
         tile_values=_row_tile("BLOCK_N_MAX", 1),
+        examples=examples[1],
     )
     return fwd, bwd
 
 
-def _elementwise_spec(name: str, source: str) -> KernelSpec:
+def elementwise_spec(name: str, source: str, examples: Callable | None = None) -> KernelSpec:
     """A 2-D tiled elementwise kernel over (rows, columns) (SwiGLU, GeGLU)."""
     return KernelSpec(
         name=name,
         key=("n_cols", "n_rows"),
-        bucket=_rows_cols_bucket,
+        bucket=rows_cols_bucket,
         params={"BLOCK_M": _BLOCK_M, "BLOCK_N": Param(16, 16384, doc="columns per program tile")},
         source=source,
         equivalent=_clamped("BLOCK_N", 16),  # ops/glu.py: min(BLOCK_N, max(16, next_pow2(n_cols)))
         tile_values=_row_tile("BLOCK_N", 16),
+        examples=examples,
     )
 
 
-def _rope_bucket(k: dict) -> tuple:
+def rope_bucket(k: dict) -> tuple:
     return (("head_dim", k["head_dim"]), ("n_heads", k["n_heads"]), ("seq_len", next_pow2(k["seq_len"])))
 
 
-def _flce_bucket(k: dict) -> tuple:
+def flce_bucket(k: dict) -> tuple:
     return (("n_cols", k["n_cols"]), ("n_rows", next_pow2(k["n_rows"])), ("hidden", k["hidden"]))
 
 
-_BLOCK_V = Param(128, 65536, doc="vocabulary columns per loop step")
+BLOCK_V = Param(128, 65536, doc="vocabulary columns per loop step")
 
-SPECS: dict[str, KernelSpec] = {
-    s.name: s
-    for s in (
-        *_row_norm_specs("rms_norm", "ops/rms_norm.py"),
-        *_row_norm_specs("fused_add_rms_norm", "ops/rms_norm.py"),
-        *_row_norm_specs("layer_norm", "ops/layer_norm.py"),
-        _elementwise_spec("swiglu_fwd", "ops/glu.py"),
-        _elementwise_spec("swiglu_bwd", "ops/glu.py"),
-        _elementwise_spec("geglu_fwd", "ops/glu.py"),
-        _elementwise_spec("geglu_bwd", "ops/glu.py"),
-        KernelSpec(
-            # One kernel for forward and backward (the backward rotates by -theta).
-            name="rope",
-            key=("head_dim", "n_heads", "seq_len"),
-            bucket=_rope_bucket,
-            params={
-                "BLOCK_S": Param(1, 256, doc="sequence positions per program"),
-                "HEADS": Param(1, 64, doc="neighbouring heads per program, sharing one cos/sin tile"),
-            },
-            tile_values=lambda c, p: c["BLOCK_S"] * next_pow2(p["head_dim"] // 2),
-            source="ops/rope.py",
-        ),
-        KernelSpec(
-            # One row (token) per program, looping over the vocabulary in BLOCK_V steps; loss and
-            # gradient in one launch. n_cols is the vocabulary size.
-            name="cross_entropy",
-            key=("n_cols", "n_rows"),
-            bucket=_rows_cols_bucket,
-            params={"BLOCK_V": _BLOCK_V},
-            source="ops/cross_entropy.py",
-            tile_values=lambda c, p: c["BLOCK_V"],
-        ),
-        KernelSpec(
-            # The cross-entropy launch inside the fused linear cross-entropy, plus the host-side
-            # token-chunk size (logits memory of one chunk, in MiB).
-            name="fused_linear_cross_entropy",
-            key=("n_cols", "n_rows", "hidden"),
-            bucket=_flce_bucket,
-            params={
-                "BLOCK_V": _BLOCK_V,
-                "CHUNK_MIB": Param(8, 8192, pow2=False, doc="logits memory of one token chunk, MiB", host=True),
-            },
-            source="ops/fused_linear_cross_entropy.py",
-            tile_values=lambda c, p: c["BLOCK_V"],
-        ),
-    )
-}
+# Launch arguments of the tuning and compile examples (they do not change the speed).
+EPS = 1e-6  # normalisation epsilon
+IGNORE_INDEX = -100
+
+# The registry: every kernel family declares its specs beside its kernels and registers them when
+# liger_portable.ops imports it. Tables are validated, configs resolved and kernels tuned and
+# compiled for what is registered here; no other list of kernels is kept.
+SPECS: dict[str, KernelSpec] = {}
+
+
+def register(*specs: KernelSpec) -> tuple[KernelSpec, ...]:
+    """Add ``specs`` to :data:`SPECS` (a name registered twice is an error) and return them."""
+    for spec in specs:
+        if spec.name in SPECS and SPECS[spec.name] is not spec:
+            raise ValueError(f"kernel spec {spec.name!r} is registered twice")
+        SPECS[spec.name] = spec
+    return specs

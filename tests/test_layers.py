@@ -161,7 +161,8 @@ def test_the_graph_sees_imports():
     graph = import_graph()
     assert "liger_portable._configs" in graph["liger_portable.tuning.search"]
     assert "liger_portable.tuning.hooks" in graph["liger_portable.warmup"]  # a late import
-    assert "liger_portable.ops.rms_norm" in graph["liger_portable.tuning.hooks"]  # from .. ops import
+    assert "liger_portable.ops._problem" in graph["liger_portable.tuning.hooks"]  # from ..ops._problem import
+    assert "liger_portable.ops.rms_norm" in graph["liger_portable.functional"]  # from .ops import rms_norm
     assert "liger_portable.functional" in graph["liger_portable"]  # from . import functional
     assert "liger_portable.tuning.runtime" in graph["liger_portable.tuning"]
 

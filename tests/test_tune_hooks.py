@@ -37,6 +37,7 @@ pytestmark = pytest.mark.interpreter
 EPS = _tune_hooks.EPS
 DEVICE_NAMES = sorted(SIMULATED_DEVICES)
 from liger_portable.ops import _launch as launch_ops  # noqa: E402
+from liger_portable.ops import _problem as problem_module  # noqa: E402
 
 OPS_MODULES = (rms_ops, ln_ops, glu_ops, rope_ops, ce_ops, flce_ops)
 
@@ -223,7 +224,7 @@ def test_bad_arguments(simulated_device):
 
 
 def test_inputs_that_do_not_fit_raise_memory_error(simulated_device, monkeypatch):
-    monkeypatch.setattr(_tune_hooks, "_free_bytes", lambda where: 1000)
+    monkeypatch.setattr(problem_module, "free_bytes", lambda where: 1000)
     with pytest.raises(MemoryError, match=r"tuning swiglu_bwd for .* needs about .* GiB"):
         _tune_hooks.build_run("swiglu_bwd", simulated_device, ROWS, torch.float32)
 

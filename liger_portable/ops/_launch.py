@@ -19,11 +19,12 @@ Triton interpreter returns none, so on the CPU every launch takes Triton's path)
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import torch
-import triton
 
 from .. import _cache
 from .._configs import Resolved, resolve
@@ -85,6 +86,9 @@ class Launcher:
         self._cache: dict[tuple, tuple] = {}
 
     def __call__(self, grid: tuple, args: tuple, consts: dict[str, Any], launch: dict[str, Any]) -> None:
+        if _captured is not None:  # recording launches instead of making them (see capture)
+            _captured.append(Captured(self.fn, grid, args, dict(consts), dict(launch)))
+            return
         if not (enabled and _SUPPORTED and self._names):
             self.fn[grid](*args, **consts, **launch)
             return
@@ -122,6 +126,37 @@ class Launcher:
             return
         # ``launch`` is held by the entry, so its id (part of the key) cannot be reused meanwhile.
         self._cache[key] = entry
+
+
+# --------------------------------------------------------------------------- capture
+# The vendor compile matrix runs a family's own launch code on meta tensors and compiles what it
+# would launch: the launch signature is read from the launch, never written a second time.
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One launch a :class:`Launcher` was asked to make under :func:`capture`."""
+
+    fn: Any
+    grid: tuple
+    args: tuple
+    kwargs: dict
+    options: dict
+
+
+_captured: list[Captured] | None = None
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[list[Captured]]:
+    """Record the launches made inside the block instead of making them (nothing runs on a device:
+    use it with meta tensors). Yields the list the launches are appended to."""
+    global _captured
+    previous, _captured = _captured, []
+    try:
+        yield _captured
+    finally:
+        _captured = previous
 
 
 # --------------------------------------------------------------------------- launch plans
@@ -171,4 +206,4 @@ def supported() -> bool:
     return _SUPPORTED and enabled
 
 
-__all__ = ["Launcher", "enabled", "plan", "split_launch", "supported"]
+__all__ = ["Captured", "Launcher", "capture", "enabled", "plan", "split_launch", "supported"]

@@ -1,7 +1,16 @@
-"""Tile loads and stores shared by the row kernels (RMSNorm, LayerNorm)."""
+"""Tile loads and stores shared by the row kernels (RMSNorm, LayerNorm), and their column block."""
 
 import triton
 import triton.language as tl
+
+from .._specs import next_pow2
+
+
+def block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
+    """A row kernel's column block and whether the row fits in it (one pass): the row's next power
+    of two up to ``block_n_max`` (the config's ``BLOCK_N_MAX``), else ``block_n_max`` in a loop."""
+    block = next_pow2(n_cols)
+    return (block, True) if block <= block_n_max else (block_n_max, False)
 
 
 @triton.jit

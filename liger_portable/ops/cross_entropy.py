@@ -31,6 +31,7 @@ import triton.language as tl
 
 from .._configs import Resolved
 from .._dispatch import device_info
+from .._specs import BLOCK_V, IGNORE_INDEX, KernelSpec, register, rows_cols_bucket
 from ._launch import Launcher, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -384,3 +385,45 @@ def cross_entropy(
         logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace, dev
     )
     return loss, z if lse_square_scale != 0.0 else None
+
+
+# --------------------------------------------------------------------------- specs and examples
+# What the config tables, the tuner and the vendor compile matrix know of these kernels, declared
+# here once. An example builds one problem's inputs from the tuner's Problem ``p`` and launches
+# exactly one kernel with an explicit config through the launch functions above (looked up at call
+# time, so a test can spy on them); see KernelSpec.examples.
+
+
+def _examples(p) -> list:
+    n_rows, n_cols = p.rows_cols()
+    p.need(2 * n_rows * n_cols, 8 * n_rows)  # logits, gradient; target, row losses
+    logits, target = p.randn(n_rows, n_cols, scale=2.0), p.targets(n_rows, n_cols)
+    grad = torch.empty_like(logits)
+    scale = mean_scale(target, IGNORE_INDEX)
+
+    def launch(r: Resolved) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, _ = ce_rows(logits, target, ignore_index=IGNORE_INDEX, scale=scale, grad=grad, config=r)
+        return loss, grad
+
+    def every_option(r: Resolved) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, _ = ce_rows(logits, target, ignore_index=IGNORE_INDEX, label_smoothing=0.1, lse_square_scale=1e-4,
+                          softcap=30.0, scale=scale, grad=grad, config=r)
+        return loss, grad
+
+    inputs = {"logits": logits, "target": target, "grad": grad}
+    return [("plain", inputs, launch), ("smoothing+z-loss+softcap", inputs, every_option)]
+
+
+SPECS = register(
+    KernelSpec(
+        # One row (token) per program, looping over the vocabulary in BLOCK_V steps; loss and
+        # gradient in one launch. n_cols is the vocabulary size.
+        name="cross_entropy",
+        key=("n_cols", "n_rows"),
+        bucket=rows_cols_bucket,
+        params={"BLOCK_V": BLOCK_V},
+        source="ops/cross_entropy.py",
+        tile_values=lambda c, p: c["BLOCK_V"],
+        examples=_examples,
+    ),
+)

@@ -40,6 +40,7 @@ import torch
 from .._configs import Resolved
 from .._dispatch import device_info
 from ..fallback.cross_entropy import chunk_rows
+from .._specs import BLOCK_V, IGNORE_INDEX, KernelSpec, Param, flce_bucket, register
 from ._launch import plan
 from .cross_entropy import ce_rows, mean_scale, scale_rows_
 
@@ -379,3 +380,44 @@ def fused_linear_cross_entropy(
         dev,
     )
     return loss, z if lse_square_scale != 0.0 else None
+
+
+# --------------------------------------------------------------------------- specs and examples
+# What the config tables, the tuner and the vendor compile matrix know of these kernels, declared
+# here once. An example builds one problem's inputs from the tuner's Problem ``p`` and launches
+# exactly one kernel with an explicit config through the launch functions above (looked up at call
+# time, so a test can spy on them); see KernelSpec.examples.
+
+
+_CHUNK_MIB = Param(8, 8192, pow2=False, doc="logits memory of one token chunk, MiB", host=True)
+
+
+def _examples(p) -> list:
+    n_rows, n_cols, hidden = p.named["n_rows"], p.named["n_cols"], p.named["hidden"]
+    max_chunk = _CHUNK_MIB.hi * 2**20
+    esize = torch.empty((), dtype=p.dtype).element_size()
+    # hidden and weight with their gradients, and the largest chunk of logits the search may try
+    p.need(2 * n_rows * hidden + 2 * n_cols * hidden, min(n_rows * n_cols * esize, max_chunk) + 8 * n_rows)
+    h = p.randn(n_rows, hidden)
+    w = p.randn(n_cols, hidden, scale=hidden**-0.5)
+    target = p.targets(n_rows, n_cols)
+
+    def launch(r: Resolved):
+        return flce_fwd(h, w, target, None, IGNORE_INDEX, 0.0, 0.0, None, "mean", (True, True, False), config=r)
+
+    return [("", {"hidden": h, "weight": w, "target": target}, launch)]
+
+
+SPECS = register(
+    KernelSpec(
+        # The cross-entropy launch inside the fused linear cross-entropy, plus the host-side
+        # token-chunk size (logits memory of one chunk, in MiB).
+        name="fused_linear_cross_entropy",
+        key=("n_cols", "n_rows", "hidden"),
+        bucket=flce_bucket,
+        params={"BLOCK_V": BLOCK_V, "CHUNK_MIB": _CHUNK_MIB},
+        source="ops/fused_linear_cross_entropy.py",
+        tile_values=lambda c, p: c["BLOCK_V"],
+        examples=_examples,
+    ),
+)

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .._configs import Resolved
 from .._dispatch import device_info
-from .._specs import next_pow2
+from .._specs import elementwise_spec, next_pow2, register
 from ._launch import Launcher, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -274,3 +274,38 @@ def glu(a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool, dev=None) -> 
     looked up).
     """
     return _GLUFunction.apply(a, b, act, inplace, dev)
+
+
+# --------------------------------------------------------------------------- specs and examples
+# What the config tables, the tuner and the vendor compile matrix know of these kernels, declared
+# here once. An example builds one problem's inputs from the tuner's Problem ``p`` and launches
+# exactly one kernel with an explicit config through the launch functions above (looked up at call
+# time, so a test can spy on them); see KernelSpec.examples.
+
+
+def _fwd_examples(act: str):
+    def examples(p) -> list:
+        n_rows, n_cols = p.rows_cols()
+        p.need(3 * n_rows * n_cols)  # a, b, c
+        a, b = p.randn(n_rows, n_cols), p.randn(n_rows, n_cols)
+        return [("", {"a": a, "b": b}, lambda r: glu_fwd(a, b, act, config=r))]
+
+    return examples
+
+
+def _bwd_examples(act: str):
+    def examples(p) -> list:
+        n_rows, n_cols = p.rows_cols()
+        p.need(5 * n_rows * n_cols)  # dc, a, b, da, db
+        dc, a, b = p.randn(n_rows, n_cols), p.randn(n_rows, n_cols), p.randn(n_rows, n_cols)
+        return [("", {"dc": dc, "a": a, "b": b}, lambda r: glu_bwd(dc, a, b, act, False, config=r))]
+
+    return examples
+
+
+SPECS = register(
+    elementwise_spec("swiglu_fwd", "ops/glu.py", _fwd_examples("silu")),
+    elementwise_spec("swiglu_bwd", "ops/glu.py", _bwd_examples("silu")),
+    elementwise_spec("geglu_fwd", "ops/glu.py", _fwd_examples("gelu_tanh")),
+    elementwise_spec("geglu_bwd", "ops/glu.py", _bwd_examples("gelu_tanh")),
+)

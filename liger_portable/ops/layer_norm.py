@@ -33,9 +33,9 @@ import triton.language as tl
 
 from .._configs import Resolved
 from .._dispatch import device_info
-from .._specs import next_pow2
+from .._specs import EPS, next_pow2, register, row_norm_specs
 from ._launch import Launcher, plan, split_launch
-from ._tiles import _load_tile, _store_tile
+from ._tiles import _load_tile, _store_tile, block_n
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 _empty = torch.empty
@@ -217,11 +217,6 @@ def _layer_norm_bwd_kernel(
                     tl.store(db_row + cc, part_b + tl.sum(dy, axis=0), mask=col_mask)
 
 
-def _block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
-    block = next_pow2(n_cols)
-    return (block, True) if block <= block_n_max else (block_n_max, False)
-
-
 def _split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
     """``(BLOCK_N, TAIL_N, SINGLE_PASS)`` for a row of ``n_cols``.
 
@@ -245,9 +240,9 @@ _launch_bwd = Launcher(_layer_norm_bwd_kernel)
 
 def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
     """(grid, constexprs without and with a bias, launch options) of the forward for one problem."""
-    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block, single = block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     consts, opts = split_launch(cfg)
-    consts.update(BLOCK_N=block_n, SINGLE_PASS=single)
+    consts.update(BLOCK_N=block, SINGLE_PASS=single)
     by_bias = ({**consts, "HAS_BIAS": False}, {**consts, "HAS_BIAS": True})
     return (triton.cdiv(n_rows, cfg.meta["BLOCK_M"]),), by_bias, opts
 
@@ -395,3 +390,36 @@ def layer_norm(
     """Differentiable LayerNorm of a 2-D ``x`` with a contiguous last dimension; ``dev`` is the
     :class:`~liger_portable.DeviceInfo` of ``x`` where the caller has it (None: looked up)."""
     return _LayerNormFunction.apply(x, weight, bias, eps, dev)
+
+
+# --------------------------------------------------------------------------- specs and examples
+# What the config tables, the tuner and the vendor compile matrix know of these kernels, declared
+# here once. An example builds one problem's inputs from the tuner's Problem ``p`` and launches
+# exactly one kernel with an explicit config through the launch functions above (looked up at call
+# time, so a test can spy on them); see KernelSpec.examples.
+
+
+def _fwd_examples(p) -> list:
+    n_rows, n_cols = p.rows_cols()
+    p.need(2 * n_rows * n_cols)  # x, y
+    x, w, b = p.randn(n_rows, n_cols), p.randn(n_cols, scale=0.1, shift=1.0), p.randn(n_cols, scale=0.1)
+    return [
+        ("bias", {"x": x, "weight": w, "bias": b}, lambda r: layer_norm_fwd(x, w, b, EPS, config=r)),
+        ("no bias", {"x": x, "weight": w}, lambda r: layer_norm_fwd(x, w, None, EPS, config=r)),
+    ]
+
+
+def _bwd_examples(p) -> list:
+    n_rows, n_cols = p.rows_cols()
+    p.need(3 * n_rows * n_cols)  # x, dy, dx
+    x, w, b = p.randn(n_rows, n_cols), p.randn(n_cols, scale=0.1, shift=1.0), p.randn(n_cols, scale=0.1)
+    _, mean, rstd = layer_norm_fwd(x, w, b, EPS, config=p.table_default("layer_norm_fwd"))
+    dy = p.randn(n_rows, n_cols)
+    inputs = {"dy": dy, "x": x, "weight": w, "bias": b, "mean": mean, "rstd": rstd}
+    return [
+        ("bias", inputs, lambda r: layer_norm_bwd(dy, x, w, b, mean, rstd, config=r)),
+        ("no bias", inputs, lambda r: layer_norm_bwd(dy, x, w, None, mean, rstd, config=r)),
+    ]
+
+
+SPECS = register(*row_norm_specs("layer_norm", "ops/layer_norm.py", (_fwd_examples, _bwd_examples)))

@@ -29,9 +29,9 @@ import triton.language as tl
 
 from .._configs import Resolved
 from .._dispatch import device_info
-from .._specs import next_pow2
+from .._specs import EPS, register, row_norm_specs
 from ._launch import Launcher, plan, split_launch
-from ._tiles import _load_tile, _store_tile
+from ._tiles import _load_tile, _store_tile, block_n
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 _empty = torch.empty
@@ -191,30 +191,25 @@ def _rms_norm_bwd_kernel(
                 tl.store(dw_row + cc, part + tl.sum(dy * xhat, axis=0), mask=col_mask)
 
 
-def _block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
-    block = next_pow2(n_cols)
-    return (block, True) if block <= block_n_max else (block_n_max, False)
-
-
 _launch_fwd = Launcher(_rms_norm_fwd_kernel)
 _launch_bwd = Launcher(_rms_norm_bwd_kernel)
 
 
 def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
     """(grid, constexprs, launch options) of the forward for one problem."""
-    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block, single = block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     consts, opts = split_launch(cfg)
-    consts.update(BLOCK_N=block_n, SINGLE_PASS=single)
+    consts.update(BLOCK_N=block, SINGLE_PASS=single)
     return (triton.cdiv(n_rows, cfg.meta["BLOCK_M"]),), consts, opts
 
 
 def _bwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
     """(grid, constexprs, launch options, single pass) of the backward for one problem."""
-    block_n, single = _block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block, single = block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
     n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
     consts, opts = split_launch(cfg)
-    consts.update(BLOCK_N=block_n, SINGLE_PASS=single)
+    consts.update(BLOCK_N=block, SINGLE_PASS=single)
     return (n_programs,), consts, opts, single
 
 
@@ -429,3 +424,53 @@ def fused_add_rms_norm(
     """Differentiable ``(rms_norm(x + residual), x + residual)`` of 2-D inputs with a contiguous
     last dimension."""
     return _FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, gemma, dev)
+
+
+# --------------------------------------------------------------------------- specs and examples
+# What the config tables, the tuner and the vendor compile matrix know of these kernels, declared
+# here once. An example builds one problem's inputs from the tuner's Problem ``p`` and launches
+# exactly one kernel with an explicit config through the launch functions above (looked up at call
+# time, so a test can spy on them); see KernelSpec.examples.
+
+
+def _fwd_examples(p) -> list:
+    n_rows, n_cols = p.rows_cols()
+    p.need(2 * n_rows * n_cols)  # x, y
+    x, w = p.randn(n_rows, n_cols), p.randn(n_cols, scale=0.1, shift=1.0)
+    return [("", {"x": x, "weight": w}, lambda r: rms_norm_fwd(x, w, EPS, 0.0, False, config=r))]
+
+
+def _bwd_examples(p) -> list:
+    n_rows, n_cols = p.rows_cols()
+    p.need(3 * n_rows * n_cols)  # x, dy, dx (the forward's y is freed before dx)
+    x, w = p.randn(n_rows, n_cols), p.randn(n_cols, scale=0.1, shift=1.0)
+    _, rstd = rms_norm_fwd(x, w, EPS, 0.0, False, config=p.table_default("rms_norm_fwd"))
+    dy = p.randn(n_rows, n_cols)
+    inputs = {"dy": dy, "x": x, "weight": w, "rstd": rstd}
+    return [("", inputs, lambda r: rms_norm_bwd(dy, x, w, rstd, 0.0, False, config=r))]
+
+
+def _fused_fwd_examples(p) -> list:
+    n_rows, n_cols = p.rows_cols()
+    p.need(4 * n_rows * n_cols)  # x, residual, y, s
+    x, res, w = p.randn(n_rows, n_cols), p.randn(n_rows, n_cols), p.randn(n_cols, scale=0.1, shift=1.0)
+    inputs = {"x": x, "residual": res, "weight": w}
+    return [("", inputs, lambda r: fused_add_rms_norm_fwd(x, res, w, EPS, 0.0, False, config=r))]
+
+
+def _fused_bwd_examples(p) -> list:
+    n_rows, n_cols = p.rows_cols()
+    p.need(4 * n_rows * n_cols)  # x, residual, y, s for the forward; then s, dy, ds, dsum
+    x, res, w = p.randn(n_rows, n_cols), p.randn(n_rows, n_cols), p.randn(n_cols, scale=0.1, shift=1.0)
+    cfg = p.table_default("fused_add_rms_norm_fwd")
+    y, s, rstd = fused_add_rms_norm_fwd(x, res, w, EPS, 0.0, False, config=cfg)
+    del x, res, y  # only s and rstd are kept: the memory goes to dy and ds
+    dy, ds = p.randn(n_rows, n_cols), p.randn(n_rows, n_cols)
+    inputs = {"dy": dy, "ds": ds, "s": s, "weight": w, "rstd": rstd}
+    return [("", inputs, lambda r: fused_add_rms_norm_bwd(dy, ds, s, w, rstd, 0.0, False, config=r))]
+
+
+SPECS = register(
+    *row_norm_specs("rms_norm", "ops/rms_norm.py", (_fwd_examples, _bwd_examples)),
+    *row_norm_specs("fused_add_rms_norm", "ops/rms_norm.py", (_fused_fwd_examples, _fused_bwd_examples)),
+)

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from .._configs import Resolved
 from .._dispatch import device_info
-from .._specs import next_pow2
+from .._specs import KernelSpec, Param, next_pow2, register, rope_bucket
 from ._launch import Launcher, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -267,3 +267,43 @@ def rope(
     ``dev`` is the :class:`~liger_portable.DeviceInfo` of q and k where the caller has it (None:
     looked up)."""
     return _RopeFunction.apply(q, k, cos, sin, dev)
+
+
+# --------------------------------------------------------------------------- specs and examples
+# What the config tables, the tuner and the vendor compile matrix know of these kernels, declared
+# here once. An example builds one problem's inputs from the tuner's Problem ``p`` and launches
+# exactly one kernel with an explicit config through the launch functions above (looked up at call
+# time, so a test can spy on them); see KernelSpec.examples.
+
+
+def _examples(p) -> list:
+    head_dim, n_heads, seq = p.named["head_dim"], p.named["n_heads"], p.named["seq_len"]
+    n_k = n_heads // 2
+    n_q = n_heads - n_k
+    p.need(2 * n_heads * seq * head_dim + 2 * seq * head_dim)  # q, k, their outputs; cos, sin
+    # Hugging Face's layout: projections viewed as (batch, seq, heads, head_dim), then transposed.
+    q = p.randn(1, seq, n_q, head_dim).transpose(1, 2)
+    k = p.randn(1, seq, n_k, head_dim).transpose(1, 2) if n_k else None
+    cos, sin = p.randn(1, seq, head_dim), p.randn(1, seq, head_dim)
+    inputs = {"q": q, "cos": cos, "sin": sin, **({"k": k} if k is not None else {})}
+    return [
+        ("forward", inputs, lambda r: rope_fwd(q, k, cos, sin, config=r)),
+        ("backward", inputs, lambda r: rope_bwd(q, k, cos, sin, config=r)),
+    ]
+
+
+SPECS = register(
+    KernelSpec(
+        # One kernel for forward and backward (the backward rotates by -theta).
+        name="rope",
+        key=("head_dim", "n_heads", "seq_len"),
+        bucket=rope_bucket,
+        params={
+            "BLOCK_S": Param(1, 256, doc="sequence positions per program"),
+            "HEADS": Param(1, 64, doc="neighbouring heads per program, sharing one cos/sin tile"),
+        },
+        tile_values=lambda c, p: c["BLOCK_S"] * next_pow2(p["head_dim"] // 2),
+        source="ops/rope.py",
+        examples=_examples,
+    ),
+)

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 
 from .. import _cache
-from .._configs import ConfigError, Limits, _check_config, _fit_to_device, load_table, search_configs, table_config
+from .._configs import ConfigError, Limits, _check_config, load_table, search_configs, table_default
 from .._platform import DeviceInfo
 from .._specs import MAX_VALUES_PER_THREAD, SPECS
 from .timing import Run, Timer, cuda_graph_timing, measure, precompile
@@ -59,14 +59,7 @@ class TuneResult:
 
 def default_config(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> dict[str, Any]:
     """The table's config for ``named`` on ``device`` (fitted to its limits, as resolve does)."""
-    cfg, _ = table_config(load_table(device.backend), device.arch, kernel, dict(named))
-    cfg = dict(cfg)
-    spec, limits = SPECS[kernel], Limits.of(device)
-    try:
-        _check_config(cfg, spec, device.backend, limits, "table default")
-    except ConfigError:
-        cfg = _fit_to_device(cfg, limits)
-    return cfg
+    return table_default(kernel, device, named)
 
 
 def candidates(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> list[dict[str, Any]]:
