@@ -1,9 +1,8 @@
 #!/usr/bin/env python
 """Vendor compile matrix: every config of every vendor table, compiled for every target, checked.
 
-For each kernel spec (``liger_portable._specs.SPECS``) with a launch description
-(``liger_portable/_compile_matrix.py``, or ``COMPILE_DESCRIPTIONS`` in its ops module) and each
-target, the configs its backend table produces are enumerated — the default rules over
+For each kernel spec (``liger_portable._specs.SPECS``) with examples (its launches, read from the
+kernel family's own launch code by ``liger_portable/_compile_matrix.py``) and each target, the configs its backend table produces are enumerated — the default rules over
 representative problem sizes and, with ``--full``, the tuner's search space merged over each rule's
 config — and cross-compiled with the public Triton wheel (no GPU needed). Each compile is checked
 against the target's limits, which Triton does not check when cross-compiling:
@@ -252,15 +251,17 @@ def make_jobs(item: Item, describe, triton_target: tuple | None = None) -> list[
     import triton
 
     tgt = triton_target or item.target.triton
-    options = {"num_warps": item.cfg["num_warps"]}
-    if "num_stages" in item.cfg:
-        options["num_stages"] = item.cfg["num_stages"]
     backend = "cuda" if tgt[0] == "cuda" else "rocm"
-    for k in BACKEND_OPTIONS[backend]:
-        if k in item.cfg:
-            options[k] = item.cfg[k]
     out = []
     for launch in describe(item.cfg, item.problem, DTYPE):
+        # The launch's own options (a helper kernel a launch makes has its own warps), else the config's.
+        src = launch.options if launch.options is not None else item.cfg
+        options = {"num_warps": src["num_warps"]}
+        if "num_stages" in src:
+            options["num_stages"] = src["num_stages"]
+        for k in BACKEND_OPTIONS[backend]:
+            if k in src:
+                options[k] = src[k]
         fn = launch.fn
         payload = json.dumps(
             [triton.__version__, fn.cache_key, list(tgt), sorted(options.items()),
