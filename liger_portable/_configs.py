@@ -60,7 +60,7 @@ import torch
 from . import _cache, _paths, _tables
 from ._platform import ALL_BACKEND_OPTIONS, DeviceInfo, on_reset
 # Table validation lives in _tables (below this module); re-exported here, where callers look.
-from ._tables import LIMIT_FIELDS, SCHEMA, ConfigError, Limits, _check_config, _check_limits  # noqa: F401
+from ._tables import LIMIT_FIELDS, SCHEMA, ConfigError, Limits, check_config, check_limits  # noqa: F401
 from ._specs import SPECS, KernelSpec
 
 _GPU_BACKENDS = ("cuda", "rocm", "xpu")
@@ -185,7 +185,7 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
         sw = f"{f} [{sname}]"
         if not isinstance(raw, dict):
             raise ConfigError(f"{sw}: section must be an object")
-        limits = _check_limits(raw.get("limits"), sw)
+        limits = check_limits(raw.get("limits"), sw)
         measured = _need(raw, "measured", str, sw)
         match = raw.get("match", [])
         if not isinstance(match, list) or not all(isinstance(m, str) and m for m in match):
@@ -201,7 +201,7 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
             if not isinstance(kraw, dict):
                 raise ConfigError(f"{kw}: entry must be an object with 'rules' (and 'search', 'base')")
             base = kraw.get("base", {})
-            _check_config(base, spec, backend, limits, f"{kw} base", partial=True)
+            check_config(base, spec, backend, limits, f"{kw} base", partial=True)
             rules = []
             for i, rraw in enumerate(_need(kraw, "rules", list, kw)):
                 rw = f"{kw} rule {i}"
@@ -221,7 +221,7 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
                     if isinstance(bound, bool) or not isinstance(bound, int):
                         raise ConfigError(f"{rw}: field 'upto.{field_name}' must be an integer")
                 cfg = {**base, **_need(rraw, "config", dict, rw)}
-                _check_config(cfg, spec, backend, limits, rw)
+                check_config(cfg, spec, backend, limits, rw)
                 rules.append(Rule(tuple(sorted(upto.items())), cfg, rraw.get("_source", "")))
             if sname == "default" and (not rules or rules[-1].upto):
                 raise ConfigError(f"{kw}: field 'rules' must end with a rule without 'upto' (catch-all)")
@@ -238,7 +238,7 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
                     if not isinstance(values, list) or not values:
                         raise ConfigError(f"{sw2}: field {name!r} must be a non-empty list")
                     for v in values:
-                        _check_config({name: v}, spec, backend, limits, f"{sw2} value", partial=True)
+                        check_config({name: v}, spec, backend, limits, f"{sw2} value", partial=True)
                     search[name] = values
             kernels[kname] = KernelEntry(tuple(rules), search)
         sections[sname] = Section(sname, match, limits, measured, kernels)
@@ -292,7 +292,7 @@ def table_default(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> 
     cfg = dict(cfg)
     spec, limits = SPECS[kernel], Limits.of(device)
     try:
-        _check_config(cfg, spec, device.backend, limits, "table default")
+        check_config(cfg, spec, device.backend, limits, "table default")
     except ConfigError:
         cfg = _fit_to_device(cfg, limits)
     return cfg
@@ -316,7 +316,7 @@ def search_configs(table: Table, arch: str, kernel: str, limits: Limits) -> Iter
     for values in itertools.product(*(space[n] for n in names)):
         cfg = dict(zip(names, values))
         try:
-            _check_config(cfg, spec, table.backend, limits, "search", partial=True)
+            check_config(cfg, spec, table.backend, limits, "search", partial=True)
             yield cfg
         except ConfigError:
             continue
@@ -377,7 +377,7 @@ def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtyp
     """The first legal tuned config in the caches (user, then shipped), or ``None``."""
     for cfg, where in _cache.lookup(spec, device, named, dtype):
         try:
-            _check_config(cfg, spec, device.backend, limits, f"{where} kernel {spec.name!r}")
+            check_config(cfg, spec, device.backend, limits, f"{where} kernel {spec.name!r}")
         except ConfigError as e:
             _warn_once(f"liger_portable: ignoring a cached config: {e}")
             continue
@@ -417,10 +417,10 @@ def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: to
     table = load_table(device.backend)
     cfg, where = table_config(table, device.arch, kernel, named)
     try:
-        _check_config(cfg, spec, device.backend, limits, f"{where} kernel {kernel!r}")
+        check_config(cfg, spec, device.backend, limits, f"{where} kernel {kernel!r}")
     except ConfigError as e:
         fitted = _fit_to_device(cfg, limits)
-        _check_config(fitted, spec, device.backend, limits, f"{where} kernel {kernel!r} (fitted)")
+        check_config(fitted, spec, device.backend, limits, f"{where} kernel {kernel!r} (fitted)")
         _warn_once(
             f"liger_portable: {e}. Device {device.name} ({device.arch}) has smaller limits than the "
             f"{table.path.name} section used; using num_warps={fitted['num_warps']} instead"

@@ -83,7 +83,7 @@ class Limits:
 # --------------------------------------------------------------------------- validation (of one config)
 
 
-def _check_config(
+def check_config(
     cfg: Any, spec: KernelSpec, backend: str, limits: Limits, where: str, *, partial: bool = False
 ) -> None:
     """Raise :class:`ConfigError` if ``cfg`` is not a legal config of ``spec`` on ``limits``."""
@@ -133,7 +133,7 @@ def _check_config(
         )
 
 
-def _check_limits(raw: Any, where: str) -> Limits:
+def check_limits(raw: Any, where: str) -> Limits:
     if not isinstance(raw, dict) or set(raw) != set(LIMIT_FIELDS):
         raise ConfigError(f"{where}: field 'limits' must have exactly {', '.join(LIMIT_FIELDS)}")
     for k in LIMIT_FIELDS:
@@ -261,7 +261,7 @@ def expand(data: Any, path: Path, backend: str, base: tuple[Any, Path] | None = 
         sec_base = raw.get("base", {})
         if not isinstance(sec_base, dict):
             raise _error(f"{sw}: field 'base' must be an object of config fields")
-        limits = _check_limits(raw.get("limits"), sw)
+        limits = check_limits(raw.get("limits"), sw)
         own = _split(raw.get("kernels", {}), sw)
         root = sname == "default" or inherits == "base"
         if root:  # base.json's entries
@@ -293,7 +293,7 @@ def expand(data: Any, path: Path, backend: str, base: tuple[Any, Path] | None = 
             base_where: dict[str, str] = {}
             for piece, where, is_inherited in pieces:
                 label = _via(where, sw) if is_inherited else where
-                _check_config(piece, spec, backend, limits, label, partial=True)
+                check_config(piece, spec, backend, limits, label, partial=True)
                 merged.update(piece)
                 base_where.update(dict.fromkeys(piece, where))
             new: dict[str, Any] = {"base": merged, "_base_where": base_where}

@@ -318,7 +318,7 @@ def test_candidates_are_legal_distinct_and_exclude_default(dev):
     assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
     for c in cands:
         assert set(c) >= set(default)  # the search may add backend options (waves_per_eu)
-        _configs._check_config(c, SPEC, dev.backend, _configs.Limits.of(dev), "test")
+        _configs.check_config(c, SPEC, dev.backend, _configs.Limits.of(dev), "test")
 
 
 def test_candidates_respect_device_limits():

@@ -26,7 +26,7 @@ from liger_portable import _cache, _paths, _platform
 from liger_portable._configs import (
     ConfigError,
     Limits,
-    _check_config,
+    check_config,
     load_table,
     parse_table,
     resolve,
@@ -138,7 +138,7 @@ def test_every_rule_fits_its_section_limits(backend):
             spec = SPECS[kernel]
             for i, rule in enumerate(entry.rules):
                 where = f"{backend}.json [{sname}] {kernel} rule {i}"
-                _check_config(rule.config, spec, backend, lim, where)
+                check_config(rule.config, spec, backend, lim, where)
                 assert rule.config["num_warps"] * lim.warp_size <= lim.max_threads_per_block, where
                 assert spec.smem_bytes(rule.config, rule.config["num_warps"], 4) <= lim.shared_mem_per_block, where
                 assert not foreign & set(rule.config), where
@@ -159,9 +159,9 @@ def test_every_search_point_is_legal(backend):
             # Every point, completed by the rule configs it would replace, is a full legal config.
             rule_cfgs = [table_config(t, sname, kernel, _problem(spec, n))[0] for n in (37, 1024, 4096, 70000)]
             for point in points:
-                _check_config(point, spec, backend, lim, where, partial=True)
+                check_config(point, spec, backend, lim, where, partial=True)
                 for base in rule_cfgs:
-                    _check_config({**base, **point}, spec, backend, lim, f"{where} {point}")
+                    check_config({**base, **point}, spec, backend, lim, f"{where} {point}")
 
 
 def test_search_configs_drops_points_over_device_limits():

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import SIMULATED_DEVICES
 from liger_portable import _cache, _paths
-from liger_portable._configs import Limits, _check_config, load_table
+from liger_portable._configs import Limits, check_config, load_table
 from liger_portable._specs import SPECS
 
 FILES = sorted(Path(_paths.shipped_cache_dir()).glob("*.json"))
@@ -44,7 +44,7 @@ def test_shipped_file_is_well_formed_legal_and_current(path):
         named = dict((k, int(v)) for k, v in (kv.split("=") for kv in problem.split(",")))
         assert tuple(named) == spec.key, key
         assert problem == ",".join(f"{k}={v}" for k, v in spec.bucket(named)), f"{key}: not a bucket"
-        _check_config(entry["config"], spec, table.backend, limits, key)
+        check_config(entry["config"], spec, table.backend, limits, key)
         assert entry["time_ms"] > 0 and entry["default_ms"] > 0 and entry["time_ms"] <= entry["default_ms"], key
         assert set(entry["versions"]) >= {"torch", "triton"} and entry["measured_at"], key
         if version != spec.version:

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 
 from .. import _cache
-from .._configs import ConfigError, Limits, _check_config, load_table, search_configs, table_default
+from .._configs import ConfigError, Limits, check_config, load_table, search_configs, table_default
 from .._platform import DeviceInfo
 from .._specs import MAX_VALUES_PER_THREAD, SPECS
 from .timing import Run, Timer, cuda_graph_timing, measure, precompile
@@ -84,7 +84,7 @@ def candidates(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> lis
             continue
         seen.add(k)
         try:
-            _check_config(cfg, spec, device.backend, limits, "search")
+            check_config(cfg, spec, device.backend, limits, "search")
         except ConfigError:
             continue
         out.append(cfg)
