@@ -98,7 +98,7 @@ def _warn_once(tag: str, msg: str) -> None:
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def _parse(p: Path) -> dict:
+def parse(p: Path) -> dict:
     """The entries of cache file ``p``; ``{}`` if it is missing, or (with one warning) unreadable
     or of another format. Never raises."""
     try:
@@ -125,17 +125,18 @@ def _parse(p: Path) -> dict:
     return data["entries"]
 
 
-def _read(path: str) -> dict:
-    """Memoized :func:`_parse` (one read per file and process until :func:`record` or :func:`clear`)."""
+def read(path: str) -> dict:
+    """Memoized :func:`parse` (one read per file and process until :func:`record` or :func:`clear`)."""
     hit = _memo.get(path)
     if hit is None:
-        hit = _parse(Path(path))
+        hit = parse(Path(path))
         with _state_lock:
             _memo[path] = hit
     return hit
 
 
-def _invalidate(path: str) -> None:
+def invalidate(path: str) -> None:
+    """Forget the memoized read of cache file ``path``: the next :func:`read` parses it again."""
     with _state_lock:
         _memo.pop(path, None)
 
@@ -143,7 +144,7 @@ def _invalidate(path: str) -> None:
 def reread(device: DeviceInfo) -> None:
     """Forget the memoized read of ``device``'s user cache file: the next lookup reads the file
     again (it sees entries other processes recorded since this one last read it)."""
-    _invalidate(str(user_cache_file(device)))
+    invalidate(str(user_cache_file(device)))
 
 
 def cache_files(device: DeviceInfo) -> list[tuple[str, Path]]:
@@ -167,7 +168,7 @@ def lookup(
         sources = []
         if label == "user cache" and str(path) in _overlay:
             sources.append((_overlay[str(path)], f"{label} {path.name} (in memory)"))
-        sources.append((_read(str(path)), f"{label} {path.name}"))
+        sources.append((read(str(path)), f"{label} {path.name}"))
         for entries, where in sources:
             if not entries:
                 continue
@@ -183,7 +184,7 @@ def lookup_entry(
     """The full user-cache entry (overlay first) for this problem, or ``None``."""
     path = str(user_cache_file(device))
     key = entry_key(spec, named_problem, dtype)
-    for entries in (_overlay.get(path, {}), _read(path)):
+    for entries in (_overlay.get(path, {}), read(path)):
         hit = entries.get(key)
         if isinstance(hit, dict):
             return hit
@@ -355,11 +356,11 @@ def write_entries(path: Path, device_name: str, new: Mapping[str, dict]) -> None
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
-        current = _parse(path)
+        current = parse(path)
         merged = {**current, **new}
         data = {"format": FORMAT, "device": device_name, "entries": dict(sorted(merged.items()))}
         _atomic_write(path, json.dumps(data, indent=1) + "\n")
-    _invalidate(str(path))
+    invalidate(str(path))
 
 
 def make_entry(config: Mapping[str, Any], time_ms: float | None, default_ms: float | None) -> dict:

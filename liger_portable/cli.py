@@ -245,7 +245,7 @@ def cache_summary(device) -> list[tuple[str, Path, int]]:
     model, in lookup order (0 entries: missing, empty or unreadable)."""
     from . import _cache
 
-    return [(label, path, len(_cache._read(str(path)))) for label, path in _cache.cache_files(device)]
+    return [(label, path, len(_cache.read(str(path)))) for label, path in _cache.cache_files(device)]
 
 
 def cmd_info(args: argparse.Namespace) -> int:

@@ -791,7 +791,7 @@ def test_info_cache_summary_counts_user_and_shipped_entries(tmp_path):
     _cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
     shipped = _paths.shipped_cache_dir() / user_file().name
     shipped.write_text(user_file().read_text())
-    _cache._invalidate(str(shipped))  # the shipped file is read once per process; it was missing
+    _cache.invalidate(str(shipped))  # the shipped file is read once per process; it was missing
     summary = cli.cache_summary(H200)
     assert [(label, n) for label, _, n in summary] == [("user cache", 2), ("shipped cache", 2)]
     assert summary[1][1] == shipped
