@@ -8,13 +8,13 @@ CPU tensors (and the ``cpu`` backend) run the pure-PyTorch fallback with the sam
 from __future__ import annotations
 
 import importlib.util
-import numbers
 
 import torch
 from torch.nn.modules import module as _nn_module
 
 from . import _dtensor, fallback
-from ._checks import KERNEL_DTYPES, check_choice, check_float, check_nonneg_number
+from ._checks import KERNEL_DTYPES, check_ce_options, check_choice, check_chunk_mib, check_float, check_nonneg_number
+from ._checks import REDUCTIONS  # noqa: F401  (the reductions the losses accept, kept here too)
 from ._dispatch import kernel_device, same_device
 
 # Triton has Linux wheels only; without it every call takes the fallback.
@@ -265,7 +265,7 @@ def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> 
     return c if c.shape == a.shape else c.view(a.shape)
 
 
-def _glu_down(
+def glu_down(
     act: str, a: torch.Tensor, b: torch.Tensor, down: torch.nn.Module
 ) -> torch.Tensor | None:
     """``down(act(a) * b)`` without keeping ``act(a) * b`` for the backward, or None where that
@@ -407,26 +407,6 @@ def rope(
     return q_embed.transpose(1, 2), k_embed.transpose(1, 2)
 
 
-REDUCTIONS = ("mean", "sum", "none")
-
-
-def _check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss):
-    """Checks shared by the cross-entropy entry points; returns the options as Python numbers."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
-    check_choice("reduction", reduction, REDUCTIONS)
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
-    lse_square_scale = check_nonneg_number("lse_square_scale", lse_square_scale)
-    if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0:
-            raise ValueError(f"softcap must be a positive number (Gemma-2 uses 30.0) or None, got {softcap!r}")
-        softcap = float(softcap)
-    if not isinstance(return_z_loss, bool):
-        raise TypeError(f"return_z_loss must be True or False, got {return_z_loss!r}")
-    return float(label_smoothing), lse_square_scale, softcap
-
-
 def _check_target(target: torch.Tensor, shape: torch.Size, what: str) -> None:
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
@@ -519,7 +499,7 @@ def cross_entropy(
     if logits.dim() == 0:
         raise ValueError("logits must have at least one dimension (the classes, last), got a scalar")
     _check_target(target, logits.shape[:-1], "logits.shape[:-1]: one class index per row of logits")
-    label_smoothing, lse_square_scale, softcap = _check_ce_options(
+    label_smoothing, lse_square_scale, softcap = check_ce_options(
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     if not isinstance(inplace_backward, bool):
@@ -539,17 +519,6 @@ def cross_entropy(
         softcap, reduction, inplace_backward, dev,
     )
     return _loss_result(loss, z, target, reduction, return_z_loss)
-
-
-def _check_chunk_mib(chunk_mib) -> int | None:
-    """``chunk_mib`` as a Python int (None stays None), or a ValueError naming it."""
-    if chunk_mib is None:
-        return None
-    if isinstance(chunk_mib, bool) or not isinstance(chunk_mib, numbers.Integral) or chunk_mib < 1:
-        raise ValueError(
-            f"chunk_mib must be None (the device table's chunk) or a whole number of MiB >= 1, got {chunk_mib!r}"
-        )
-    return int(chunk_mib)
 
 
 def fused_linear_cross_entropy(
@@ -611,11 +580,11 @@ def fused_linear_cross_entropy(
             raise TypeError(f"bias has dtype {bias.dtype} but hidden has {hidden.dtype}; cast it, e.g. bias.to(hidden.dtype)")
         tensors["bias"] = bias
     _check_target(target, hidden.shape[:-1], "hidden.shape[:-1]: one class index per token")
-    label_smoothing, lse_square_scale, softcap = _check_ce_options(
+    label_smoothing, lse_square_scale, softcap = check_ce_options(
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     device = same_device(**tensors)
-    chunk_mib = _check_chunk_mib(chunk_mib)
+    chunk_mib = check_chunk_mib(chunk_mib)
     if weight.shape[0] == 0:
         raise ValueError("weight must have at least one class (its first dimension is 0)")
     _check_target_range(target, weight.shape[0], ignore_index)

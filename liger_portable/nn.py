@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from . import functional as F
+from ._checks import check_ce_options, check_chunk_mib
 
 __all__ = [
     "RMSNorm",
@@ -144,7 +145,7 @@ class SwiGLUMLP(_GatedMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = self.gate_proj(x), self.up_proj(x)
-        out = F._glu_down("silu", a, b, self.down_proj)
+        out = F.glu_down("silu", a, b, self.down_proj)
         return out if out is not None else self.down_proj(F.swiglu(a, b, inplace_backward=True))
 
 
@@ -161,7 +162,7 @@ class GEGLUMLP(_GatedMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = self.gate_proj(x), self.up_proj(x)
-        out = F._glu_down("gelu_tanh", a, b, self.down_proj)
+        out = F.glu_down("gelu_tanh", a, b, self.down_proj)
         return out if out is not None else self.down_proj(F.geglu(a, b, inplace_backward=True))
 
 
@@ -178,7 +179,7 @@ class _LossOptions(nn.Module):
         return_z_loss: bool = False,
     ) -> None:
         super().__init__()
-        F._check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
+        check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
@@ -238,7 +239,7 @@ class FusedLinearCrossEntropyLoss(_LossOptions):
         chunk_mib: int | None = None,
     ) -> None:
         super().__init__(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
-        self.chunk_mib = F._check_chunk_mib(chunk_mib)
+        self.chunk_mib = check_chunk_mib(chunk_mib)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.chunk_mib is None else f", chunk_mib={self.chunk_mib}")

@@ -458,7 +458,7 @@ def test_kernel_interpreter_module_unfused_where_it_must(simulated_device, act, 
     other.load_state_dict(m.state_dict())
     other.double()
     assert rel_err(other(x.double()), hand(x)) <= 1e-5 and len(calls) == 1  # float64: no kernels
-    assert F._glu_down("silu", torch.randn(4, 72, requires_grad=True), torch.randn(4, 72),
+    assert F.glu_down("silu", torch.randn(4, 72, requires_grad=True), torch.randn(4, 72),
                        torch.nn.Linear(72, 32).double()) is None  # weight dtype differs from a
 
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from . import _modules as M
-from .. import functional as _F
+from .._checks import check_chunk_mib
 from ._forward import CHUNK_MIB_ATTR, make_causal_lm_forward
 
 
@@ -273,7 +273,7 @@ def patch(
             changed when it raises.
     """
     _check_flags(cross_entropy, fused_linear_cross_entropy, rope=rope, rms_norm=rms_norm, swiglu=swiglu)
-    chunk_mib = _F._check_chunk_mib(chunk_mib)
+    chunk_mib = check_chunk_mib(chunk_mib)
     if chunk_mib is not None and not fused_linear_cross_entropy:
         raise ValueError("chunk_mib sets the fused linear cross-entropy's chunk; it needs fused_linear_cross_entropy=True")
     family = family_of(model)
