@@ -9,6 +9,7 @@ per-vendor launch configs and a pure-PyTorch fallback.
 from __future__ import annotations
 
 from ._configs import ConfigError, resolve
+from ._dispatch import simulate
 from ._platform import DeviceInfo, Platform, PlatformError, platform, reset
 
 __version__ = "0.1.0"
@@ -30,5 +31,6 @@ __all__ = [
     "platform",
     "reset",
     "resolve",
+    "simulate",
     "__version__",
 ]

@@ -31,6 +31,12 @@ def same_device(**tensors: torch.Tensor) -> torch.device:
     return t0.device
 
 
+def simulated() -> DeviceInfo | None:
+    """The device :func:`simulate` stands in for now (CPU tensors run the Triton kernels with its
+    launch configs), or None in normal use."""
+    return _SIMULATED
+
+
 def kernel_device(device: torch.device) -> DeviceInfo | None:
     """The :class:`DeviceInfo` whose launch configs apply to tensors on ``device`` if they run the
     Triton kernels (the simulated one for CPU tensors under :func:`simulate`), else None: the
@@ -60,10 +66,11 @@ def device_info(t: torch.Tensor) -> DeviceInfo:
 
 
 @contextlib.contextmanager
-def simulate(device: DeviceInfo) -> Iterator[DeviceInfo]:
+def simulate(device: DeviceInfo | None) -> Iterator[DeviceInfo | None]:
     """Run kernels on CPU tensors as if on ``device``: its vendor table and limits decide the
     launch configs, and the Triton interpreter executes them. Needs ``TRITON_INTERPRET=1`` set
-    before ``liger_portable`` is imported. For tests and the vendor matrix."""
+    before ``liger_portable`` is imported. For tests and the vendor matrix. ``None``: no simulated
+    device inside the block (CPU tensors take the fallback), whatever an outer block set."""
     global _SIMULATED
     previous, _SIMULATED = _SIMULATED, device
     try:

@@ -74,7 +74,9 @@ def problems_of(args: argparse.Namespace) -> list[_warmup.Problem]:
     return _warmup.dedupe(out)
 
 
-def _device():
+def target_device():
+    """The device the warmup tunes for: the detected GPU backend's current device, or None without
+    one (a dry run then shows no cache status). Tests replace it to simulate a vendor."""
     p = platform()
     return p.device() if p.backend != "cpu" and p.device_count else None
 
@@ -97,7 +99,7 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
 
 
 def dry_run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
-    dev = _device()
+    dev = target_device()
     rows = [
         {"kernel": p.kernel, "problem": p.describe(), "dtype": _cache.dtype_name(p.dtype), "launches/step": p.launches,
          "where": p.what, "cache": cache_status(p, dev)}
@@ -193,7 +195,7 @@ def _choose(p: _warmup.Problem, dev) -> dict:
 
 
 def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
-    dev = _device()
+    dev = target_device()
     if dev is None:
         print("error: no GPU: a real warmup times kernels on the device; use --dry-run to list the work", file=sys.stderr)
         return 2

@@ -93,7 +93,7 @@ def _one_big_memory_test_at_a_time(request):
 @pytest.fixture(params=sorted(SIMULATED_DEVICES))
 def simulated_device(request):
     """Each vendor's simulated device in turn; kernels on CPU tensors run with its configs."""
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
 
     with simulate(SIMULATED_DEVICES[request.param]) as dev:
         yield dev

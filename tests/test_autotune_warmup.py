@@ -123,7 +123,7 @@ def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypa
     from conftest import SIMULATED_DEVICES
     from liger_portable import _cache, _paths, _platform
     from liger_portable import warmup as warmup_mod
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
     from liger_portable.tuning import runtime, search, timing
 
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
@@ -137,7 +137,7 @@ def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypa
     timed = []
     monkeypatch.setattr(timing, "do_bench_ms", lambda fn: (fn(), timed.append(1), 1.0)[2])
     dev = SIMULATED_DEVICES["cuda-sm90"]
-    monkeypatch.setattr(warmup_mod, "_device", lambda: dev)
+    monkeypatch.setattr(warmup_mod, "target_device", lambda: dev)
     _platform.reset()
     args = [str(tmp_path), "--tokens", "32", "--seq-len", "16", "--dtype", "fp32"]
     with simulate(dev):

@@ -434,7 +434,7 @@ def test_kernel_interpreter_persistent_loop(poison, n_cols, mode, offset):
     next block's s, dy and ds loads in flight while it reduces the current one."""
     import dataclasses
 
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
 
     from conftest import SIMULATED_DEVICES
 

@@ -265,7 +265,7 @@ def test_kernel_interpreter_looped_multirow_config(poison, bias):
     """Explicit configs (as the tuner passes them): several rows per program on the looped path,
     rows and columns that straddle the blocks."""
     from liger_portable._configs import make_resolved
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
     from liger_portable.ops import layer_norm as ops
 
     from conftest import SIMULATED_DEVICES
@@ -294,7 +294,7 @@ def test_kernel_interpreter_tail_tile_and_persistent_loop(poison, n_cols, split,
     import dataclasses
 
     from liger_portable._configs import make_resolved
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
     from liger_portable.ops import layer_norm as ops
 
     from conftest import SIMULATED_DEVICES
@@ -460,7 +460,7 @@ def test_kernel_interpreter_nan_row_stays_in_its_row(poison, n_cols):
     (row 101 is some program's next while it reduces an earlier one) before reducing the current."""
     import dataclasses
 
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
 
     from conftest import SIMULATED_DEVICES
 

@@ -164,10 +164,10 @@ def fresh_platform(monkeypatch, tmp_path):
     shipped = tmp_path / "shipped_cache"
     shipped.mkdir()
     monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
-    monkeypatch.setattr(_dispatch, "_SIMULATED", None)
-    _platform.reset()
-    yield
-    _platform.reset()
+    with _dispatch.simulate(None):  # no simulated device
+        _platform.reset()
+        yield
+        _platform.reset()
 
 
 @pytest.fixture(params=sorted(VENDORS))

@@ -285,7 +285,7 @@ def test_kernel_interpreter_nan_row_stays_in_its_row(poison, n_cols):
     (row 101 is some program's next while it reduces an earlier one) before reducing the current."""
     import dataclasses
 
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
 
     from conftest import SIMULATED_DEVICES
 

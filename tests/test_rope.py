@@ -334,7 +334,7 @@ def _check_no_copy_and_layout(monkeypatch, device):
 @pytest.mark.interpreter
 def test_kernel_interpreter_reads_strides_without_copy(monkeypatch, poison):
     from conftest import SIMULATED_DEVICES
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
 
     with simulate(SIMULATED_DEVICES["cuda-sm90"]):
         _check_no_copy_and_layout(monkeypatch, "cpu")
@@ -384,7 +384,7 @@ def test_kernel_interpreter_search_space_points(poison, block_s, num_warps, head
     inside a group of heads (5 + 3 in pairs) and leave the last group part-empty (7 + 2 in fours)."""
     from conftest import SIMULATED_DEVICES
     from liger_portable._configs import make_resolved
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
     from liger_portable.ops import rope as rope_ops
 
     c = Case(2, 19, n_q, n_k, 80, "hf", cos_batch=2)
@@ -403,7 +403,7 @@ def test_kernel_interpreter_search_space_points(poison, block_s, num_warps, head
 def test_kernel_interpreter_compile_fullgraph():
     """The kernel path is a custom op: torch.compile(fullgraph=True) traces it without a break."""
     from conftest import SIMULATED_DEVICES
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
 
     with simulate(SIMULATED_DEVICES["cuda-sm90"]):
         _compiled_run(Case(2, 5, 2, 1, 32, "hf", cos_batch=2))

@@ -176,7 +176,7 @@ def test_convergence_gpu(family, dtype):
 def test_convergence_triton_interpreter():
     """Llama, fp32, 2 steps with the Triton kernels (interpreter, cuda-sm90 configs) under the patch:
     RMSNorm, RoPE, SwiGLU and the fused linear cross-entropy kernels in a real model."""
-    from liger_portable._dispatch import simulate
+    from liger_portable import simulate
 
     batches, held_out = make_data(1)
     batches = [{k: v[:, :16] for k, v in b.items()} for b in batches[:2]]

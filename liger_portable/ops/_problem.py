@@ -14,7 +14,7 @@ from .._platform import DeviceInfo
 def torch_device(device: DeviceInfo) -> torch.device:
     """Where the tuning inputs of ``device`` live: the device itself, or the CPU for the simulated
     device of the tests (its kernels run in the Triton interpreter)."""
-    if _dispatch._SIMULATED is device:
+    if _dispatch.simulated() is device:
         return torch.device("cpu")
     return device.torch_device
 

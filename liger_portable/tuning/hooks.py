@@ -30,7 +30,7 @@ reduction and the gradient in its own buffer, fused linear cross-entropy without
 the tuner calls it on the first miss under ``LIGER_PORTABLE_AUTOTUNE=1`` and the warmup before it
 tunes.
 
-The simulated device of the tests (:func:`liger_portable._dispatch.simulate`) gets CPU tensors:
+The simulated device of the tests (:func:`liger_portable.simulate`) gets CPU tensors:
 the kernels then run in the Triton interpreter.
 """
 
