@@ -88,20 +88,21 @@ class KernelSpec:
     @property
     def version(self) -> str:
         """Short hash of the kernel's source file: a change invalidates only its tuned entries."""
-        return _source_hash(self.source)
+        return source_hash(self.source)
 
 
-_HERE = Path(__file__).resolve().parent
+# The folder kernel sources (``KernelSpec.source``) are named relative to: the package.
+SOURCE_ROOT = Path(__file__).resolve().parent
 
 
-def _source_hash(rel: str) -> str:
+def source_hash(rel: str) -> str:
     """Hash of the file and of the sibling modules it imports (``from .cross_entropy import ...``),
     recursively: the fused linear cross-entropy launches cross_entropy.py's kernel, LayerNorm uses
     _tiles.py's loads, and a change there must invalidate their tuned entries too."""
     cached = _HASHES.get(rel)
     if cached is None:
         digest = hashlib.sha256()
-        for path in _source_files(_HERE / rel, set()):
+        for path in source_files(SOURCE_ROOT / rel, set()):
             digest.update(path.read_bytes())
         cached = digest.hexdigest()[:12]
         _HASHES[rel] = cached
@@ -113,18 +114,25 @@ def _source_hash(rel: str) -> str:
 _UNVERSIONED = frozenset({"_launch"})
 
 
-def _source_files(path: Path, seen: set) -> list[Path]:
+def source_files(path: Path, seen: set) -> list[Path]:
+    """``path`` and the sibling modules it imports (``from .x import``), recursively, each once
+    (``seen``: the files already listed): what :func:`source_hash` hashes."""
     if path in seen:
         return []
     seen.add(path)
     files = [path]
     for name in re.findall(r"^from \.(\w+) import", path.read_text(), flags=re.MULTILINE):
         if name not in _UNVERSIONED:
-            files += _source_files(path.parent / f"{name}.py", seen)
+            files += source_files(path.parent / f"{name}.py", seen)
     return files
 
 
 _HASHES: dict[str, str] = {}
+
+
+def forget_source_hashes() -> None:
+    """Forget the memoized hashes: the next :func:`source_hash` reads the files again."""
+    _HASHES.clear()
 
 
 def rows_cols_bucket(k: dict) -> tuple:

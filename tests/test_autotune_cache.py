@@ -244,7 +244,8 @@ def test_kernel_version_change_invalidates_only_that_kernel(monkeypatch):
     _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
     other = SPECS["layer_norm_fwd"]
     _cache.record(other, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
-    monkeypatch.setitem(_specs._HASHES, SPEC.source, "0123456789ab")  # rms_norm.py changed
+    real_hash = _specs.source_hash  # rms_norm.py changed:
+    monkeypatch.setattr(_specs, "source_hash", lambda rel: "0123456789ab" if rel == SPEC.source else real_hash(rel))
     _platform.reset()
     assert SPEC.version == "0123456789ab"
     assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
@@ -252,22 +253,23 @@ def test_kernel_version_change_invalidates_only_that_kernel(monkeypatch):
     assert [c for c, _ in _cache.lookup(other, H200, NAMED, torch.bfloat16)] == [CFG]
 
 
-def test_kernel_version_covers_the_sibling_modules_it_imports(tmp_path, monkeypatch):
+def test_kernel_version_covers_the_sibling_modules_it_imports(tmp_path, monkeypatch, request):
     """A kernel's version hashes its file and the ``from .x import`` siblings it uses, recursively
     (FLCE launches cross_entropy.py's kernel; the norms load through _tiles.py): a change to a
     helper module invalidates the entries of every kernel built on it."""
-    files = [p.name for p in _specs._source_files(_specs._HERE / "ops/fused_linear_cross_entropy.py", set())]
+    files = [p.name for p in _specs.source_files(_specs.SOURCE_ROOT / "ops/fused_linear_cross_entropy.py", set())]
     assert files == ["fused_linear_cross_entropy.py", "cross_entropy.py"]
-    assert "_tiles.py" in [p.name for p in _specs._source_files(_specs._HERE / "ops/layer_norm.py", set())]
+    assert "_tiles.py" in [p.name for p in _specs.source_files(_specs.SOURCE_ROOT / "ops/layer_norm.py", set())]
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops/a.py").write_text("from .b import f\n")
     (tmp_path / "ops/b.py").write_text("from .a import g\nx = 1\n")  # a cycle ends
-    monkeypatch.setattr(_specs, "_HERE", tmp_path)
-    monkeypatch.setattr(_specs, "_HASHES", {})
-    before = _specs._source_hash("ops/a.py")
+    monkeypatch.setattr(_specs, "SOURCE_ROOT", tmp_path)
+    _specs.forget_source_hashes()
+    request.addfinalizer(_specs.forget_source_hashes)  # nothing hashed under tmp_path is kept
+    before = _specs.source_hash("ops/a.py")
     (tmp_path / "ops/b.py").write_text("from .a import g\nx = 2\n")
-    _specs._HASHES.clear()
-    assert _specs._source_hash("ops/a.py") != before
+    _specs.forget_source_hashes()
+    assert _specs.source_hash("ops/a.py") != before
 
 
 def test_triton_version_is_part_of_the_key(monkeypatch):
