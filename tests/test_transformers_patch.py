@@ -79,7 +79,7 @@ def calls(monkeypatch):
 def unpatched():
     """Hugging Face's own module-level code for the duration (``patch`` replaces the modeling
     modules' ``apply_rotary_pos_emb`` for every model of the family, the reference included)."""
-    saved = dict(_patch._ORIGINALS)
+    saved = _patch.originals()
     current = {key: getattr(*key) for key in saved}
     for (owner, attr), value in saved.items():
         setattr(owner, attr, value)

@@ -106,6 +106,13 @@ def _original(owner: object, attr: str):
     return _ORIGINALS.get((owner, attr), getattr(owner, attr))
 
 
+def originals() -> dict[tuple[object, str], object]:
+    """A copy of what this module replaced so far: (owner, attribute) -> the value before
+    liger_portable first replaced it (what :func:`revert` puts back). Tests use it to run Hugging
+    Face's own code for a while."""
+    return dict(_ORIGINALS)
+
+
 def revert() -> None:
     """Undo every class- and module-level replacement made by this module (the modeling modules'
     classes and ``apply_rotary_pos_emb``, the ``XForCausalLM.forward`` methods, Mixtral's
