@@ -447,3 +447,10 @@ def resolve(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype)
             hit = _resolve_uncached(kernel, device, problem, dtype)
             _memo[memo_key] = hit
     return hit
+
+
+def resolved() -> dict[tuple, Resolved]:
+    """A copy of what :func:`resolve` returned so far in this process (since the last reset or new
+    tuned entry): ``(kernel, device, problem, dtype) -> Resolved``. For checks that compare the
+    configs of several processes."""
+    return dict(_memo)  # no lock, as in _drop_resolved: the copy is atomic

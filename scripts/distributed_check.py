@@ -223,7 +223,7 @@ def check_autotune_agreement() -> dict:
     config for every (kernel, problem, dtype) it used, and each problem was tuned by one process."""
     from liger_portable import _configs, tuning
 
-    mine = {f"{k} {p} {str(d).removeprefix('torch.')}": str(r.config) for (k, _dev, p, d), r in list(_configs._memo.items())}
+    mine = {f"{k} {p} {str(d).removeprefix('torch.')}": str(r.config) for (k, _dev, p, d), r in _configs.resolved().items()}
     world = dist.get_world_size()
     configs: list = [None] * world
     tuned: list = [None] * world
