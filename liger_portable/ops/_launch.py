@@ -1,8 +1,9 @@
 """Launching a ``@triton.jit`` kernel with a resolved config, with Triton's per-call work cached.
 
 ``kernel[grid](*args, **kwargs)`` binds and specialises every argument, builds a cache key string
-and looks the compiled kernel up on every call, which is most of a launch's host time. :class:`Launcher` does that work once per *specialisation* and then
-calls the compiled kernel's launcher directly.
+and looks the compiled kernel up on every call, which is most of a launch's host time.
+:class:`Launcher` does that work once per *specialisation* and then calls the compiled kernel's
+launcher directly.
 
 A specialisation is what Triton itself compiles a kernel for: the launch config (warps, stages,
 backend options, constexpr values), the current device, and per argument its dtype and 16-byte
