@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -57,6 +58,16 @@ def _hooks_installed() -> bool:
     return _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook)
 
 
+def _feature(v: Any) -> Any:
+    """What Triton specialises a runtime argument on: a tensor's dtype and 16-byte alignment, an
+    integer's being 1, a multiple of 16 and within 32 bits, else the argument's type."""
+    if type(v) is int:
+        return (v == 1, v & 15 == 0, -0x80000000 <= v <= 0x7FFFFFFF)
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() & 15 == 0)
+    return type(v)
+
+
 class Launcher:
     """Launch one ``@triton.jit`` function: ``launcher(grid, args, consts, launch)``.
 
@@ -69,7 +80,7 @@ class Launcher:
             minus its constexprs, which go in ``consts``).
     """
 
-    __slots__ = ("fn", "_names", "_defaults", "_constexpr", "_cache")
+    __slots__ = ("fn", "_names", "_defaults", "_constexpr", "_tails", "_cache")
 
     def __init__(self, fn: Any):
         self.fn = fn
@@ -84,7 +95,23 @@ class Launcher:
                 None if p.default is inspect.Parameter.empty else p.default for p in params
             )
             self._constexpr = tuple(bool(p.is_constexpr) for p in params)
+        # per count of leading arguments: how to read the remaining ones out of ``consts`` (built once)
+        self._tails: dict[int, tuple] = {}
         self._cache: dict[tuple, tuple] = {}
+
+    def _tail(self, n: int) -> tuple:
+        """(defaults by name, getter of the values in order, constexpr flags) of the parameters after
+        the first ``n``, and whether any of the first ``n`` is a constexpr."""
+        tail = self._tails.get(n)
+        if tail is None:
+            names = self._names[n:]
+            get = operator.itemgetter(*names) if len(names) > 1 else (
+                (lambda d, name=names[0]: (d[name],)) if names else (lambda d: ())
+            )
+            tail = self._tails[n] = (
+                dict(zip(names, self._defaults[n:])), get, self._constexpr[n:], any(self._constexpr[:n])
+            )
+        return tail
 
     def __call__(self, grid: tuple, args: tuple, consts: dict[str, Any], launch: dict[str, Any]) -> None:
         if _captured is not None:  # recording launches instead of making them (see capture)
@@ -93,28 +120,23 @@ class Launcher:
         if not (enabled and _SUPPORTED and self._names):
             self.fn[grid](*args, **consts, **launch)
             return
-        n = len(args)
-        values = list(args)
-        for i in range(n, len(self._names)):
-            values.append(consts.get(self._names[i], self._defaults[i]))
-        key = [id(launch), _driver.active.get_current_device()]
-        for v, is_const in zip(values, self._constexpr):
-            if is_const:
-                key.append(v)
-            elif isinstance(v, torch.Tensor):
-                key.append((v.dtype, v.data_ptr() & 15 == 0))
-            elif type(v) is int:
-                key.append((v == 1, v & 15 == 0, -0x80000000 <= v <= 0x7FFFFFFF))
-            else:
-                key.append(type(v))
-        key = tuple(key)
+        defaults, get, tail_const, const_args = self._tail(len(args))
+        tail = get({**defaults, **consts})
+        if const_args:  # a constexpr among the leading arguments: its value, not its class, is keyed
+            head = [v if c else _feature(v) for v, c in zip(args, self._constexpr)]
+        else:
+            head = [_feature(v) for v in args]
+        key = (
+            id(launch), _driver.active.get_current_device(), *head,
+            *[v if c else _feature(v) for v, c in zip(tail, tail_const)],
+        )
         hit = self._cache.get(key)
         if hit is None or hit[0] is not launch or _hooks_installed():
             self._slow(key, grid, args, consts, launch)
             return
         _, run, function, packed, device = hit
         g = grid + (1, 1)
-        run(g[0], g[1], g[2], _driver.active.get_current_stream(device), function, packed, None, None, None, *values)
+        run(g[0], g[1], g[2], _driver.active.get_current_stream(device), function, packed, None, None, None, *args, *tail)
 
     def _slow(self, key: tuple, grid: tuple, args: tuple, consts: dict, launch: dict) -> None:
         """Triton's own launch; the compiled kernel it returns is kept for this specialisation."""
