@@ -208,6 +208,7 @@ def ce_rows(
     scale: torch.Tensor | None = None,
     return_grad: bool = True,
     grad: torch.Tensor | None = None,
+    out: tuple[torch.Tensor, torch.Tensor | None] | None = None,
     config: Resolved | None = None,
     dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -220,14 +221,19 @@ def ce_rows(
     over ``logits`` itself, in place; pass a tensor of the logits' shape and dtype with a
     contiguous last dimension to keep the logits). ``scale`` is an optional device tensor, one
     value (numel 1) or one per row: the mean's 1/count without a host sync, or per-row factors.
+    ``out``: the ``(loss_rows, z_rows)`` to write into (contiguous fp32 of shape ``(rows,)``;
+    ``z_rows`` None without ``lse_square_scale``), e.g. one chunk's slice of the caller's rows.
     ``config`` overrides the launch config (the fused linear cross-entropy passes its own);
     ``dev`` is the :class:`~liger_portable.DeviceInfo` of ``logits`` where the caller knows it.
     """
     n_rows, n_cols = logits.shape
     p = plan("cross_entropy", dev or device_info(logits), (n_cols, n_rows), logits.dtype, _plan, config)
-    loss = _empty((n_rows,), dtype=torch.float32, device=logits.device)
     has_z = lse_square_scale != 0.0
-    z = _empty((n_rows,), dtype=torch.float32, device=logits.device) if has_z else None
+    if out is not None:
+        loss, z = out
+    else:
+        loss = _empty((n_rows,), dtype=torch.float32, device=logits.device)
+        z = _empty((n_rows,), dtype=torch.float32, device=logits.device) if has_z else None
     if grad is None:
         grad = logits
     if n_rows == 0:
@@ -265,9 +271,9 @@ def scale_rows_(g: torch.Tensor, s: torch.Tensor, config: Resolved | None = None
 
 
 def mean_scale(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """``1 / max(1, count of non-ignored targets)`` as a 1-element fp32 device tensor (no host sync)."""
-    n = (target != ignore_index).sum().clamp_min(1).to(torch.float32)
-    return n.reciprocal().reshape(1)
+    """``1 / max(1, count of non-ignored targets)`` as a 0-dim fp32 device tensor (no host sync).
+    The count is summed in fp32, exact up to 2**24 targets."""
+    return (target != ignore_index).sum(dtype=torch.float32).clamp_min_(1.0).reciprocal_()
 
 
 # --------------------------------------------------------------------------- autograd
@@ -283,7 +289,7 @@ def _reduce(loss_rows, z_rows, reduction, scale, dtype):
         return loss_rows.to(dtype), None if z_rows is None else z_rows.to(dtype)
     if reduction == "sum":
         return loss_rows.sum().to(dtype), None if z_rows is None else z_rows.sum().to(dtype)
-    return (loss_rows.sum() * scale[0]).to(dtype), None if z_rows is None else (z_rows.sum() * scale[0]).to(dtype)
+    return loss_rows.sum().mul_(scale).to(dtype), None if z_rows is None else z_rows.sum().mul_(scale).to(dtype)
 
 
 @torch.library.custom_op("liger_portable::cross_entropy", mutates_args=())
@@ -341,6 +347,8 @@ class _CrossEntropyFunction(torch.autograd.Function):
             ctx.done = False
             ctx.dev = dev
             loss, z = _reduce(loss_rows, z_rows, reduction, scale, logits.dtype)
+            if z is None:  # eager: no tensor made for an output nobody reads
+                return loss, None
         if z is None:
             z = loss.new_zeros(())
         ctx.mark_non_differentiable(z)
@@ -353,7 +361,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             grad, scale = ctx.saved_tensors
             dloss_rows = dloss.to(torch.float32)
             if ctx.reduction == "mean":
-                dloss_rows = dloss_rows * scale[0]
+                dloss_rows = dloss_rows * scale
             dloss_rows = dloss_rows.reshape(-1, 1)  # one factor per row, or one for all rows
             return (grad * dloss_rows).to(grad.dtype), None, None, None, None, None, None, None, None
         if ctx.done:

@@ -75,8 +75,16 @@ def _chunks(hidden, weight, cfg, chunk_mib=None):
     return step, [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
 
 
+def _chunk(hidden, target, rows, s: int, e: int):
+    """Rows ``s:e`` of ``hidden``, ``target`` and each tensor of ``rows`` (None stays None); the
+    tensors themselves when the chunk is all of them (a slice costs host time)."""
+    if s == 0 and e == hidden.shape[0]:
+        return hidden, target, rows
+    return hidden[s:e], target[s:e], None if rows is None else tuple(None if r is None else r[s:e] for r in rows)
+
+
 def _logits(buf, hc, weight, bias):
-    out = buf[: hc.shape[0]]
+    out = buf if buf.shape[0] == hc.shape[0] else buf[: hc.shape[0]]
     if bias is None:
         torch.mm(hc, weight.t(), out=out)
     else:
@@ -91,7 +99,7 @@ def _accumulate(g, hc, weight, gh, gw, gb32, s, e, first, alpha=1.0):
     (unscaled: the caller applies ``alpha`` once at the end). beta=0 (what ``torch.mm`` does): the
     old contents are not read."""
     if gh is not None:
-        gh[s:e].addmm_(g, weight, beta=0, alpha=alpha)
+        (gh if s == 0 and e == gh.shape[0] else gh[s:e]).addmm_(g, weight, beta=0, alpha=alpha)
     if gw is not None:
         gw.addmm_(g.t(), hc, beta=0 if first else 1, alpha=alpha)
     if gb32 is not None:
@@ -168,16 +176,13 @@ def flce_fwd(
     step, chunks = _chunks(hidden, weight, cfg, chunk_mib)
     buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
     for i, (s, e) in enumerate(chunks):
-        hc = hidden[s:e]
+        hc, tc, out = _chunk(hidden, target, (loss_rows, z_rows), s, e)
         logits = _logits(buf, hc, weight, bias)
-        lr, zr = ce_rows(
-            logits, target[s:e], ignore_index=ignore_index, label_smoothing=label_smoothing,
+        ce_rows(
+            logits, tc, ignore_index=ignore_index, label_smoothing=label_smoothing,
             lse_square_scale=lse_square_scale, softcap=softcap, grad_scale=grad_scale, scale=kernel_scale,
-            return_grad=grads, config=cfg, dev=dev,
+            return_grad=grads, out=out, config=cfg, dev=dev,
         )
-        loss_rows[s:e] = lr
-        if z_rows is not None:
-            z_rows[s:e] = zr
         if grads:
             _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0, alpha)
     # fp16 mean: the n_rows / count that alpha left out
@@ -217,10 +222,10 @@ def flce_bwd_recompute(
     step, chunks = _chunks(hidden, weight, cfg, chunk_mib)
     buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
     for i, (s, e) in enumerate(chunks):
-        hc = hidden[s:e]
+        hc, tc, _ = _chunk(hidden, target, None, s, e)
         logits = _logits(buf, hc, weight, bias)
         ce_rows(
-            logits, target[s:e], ignore_index=ignore_index, label_smoothing=label_smoothing,
+            logits, tc, ignore_index=ignore_index, label_smoothing=label_smoothing,
             lse_square_scale=lse_square_scale, softcap=softcap, scale=dloss_rows[s:e], return_grad=True,
             config=cfg, dev=dev,
         )
@@ -240,8 +245,8 @@ def _reduce(loss_rows, z_rows, reduction, target, ignore_index, dtype):
         return loss_rows.to(dtype), None if z_rows is None else z_rows.to(dtype)
     if reduction == "sum":
         return loss_rows.sum().to(dtype), None if z_rows is None else z_rows.sum().to(dtype)
-    scale = mean_scale(target, ignore_index)[0]
-    return (loss_rows.sum() * scale).to(dtype), None if z_rows is None else (z_rows.sum() * scale).to(dtype)
+    scale = mean_scale(target, ignore_index)
+    return loss_rows.sum().mul_(scale).to(dtype), None if z_rows is None else z_rows.sum().mul_(scale).to(dtype)
 
 
 # --------------------------------------------------------------------------- autograd
@@ -332,8 +337,8 @@ class _FLCEFunction(torch.autograd.Function):
         else:
             ctx.grads = (gh, gw, gb)
         loss, z = _reduce(loss_rows, z_rows, reduction, target, ignore_index, loss_dtype(hidden.dtype))
-        if z is None:
-            z = loss.new_zeros(())
+        if z is None:  # no tensor made for an output nobody reads
+            return loss, None
         ctx.mark_non_differentiable(z)
         return loss, z
 
