@@ -219,6 +219,29 @@ def eager_ms(step: Callable, tensors, n: int) -> float:
     return host_us(step, tensors, n) / 1e3
 
 
+def _profile(op: str, step: Callable, tensors, n: int, folder: str) -> None:
+    """cProfile of ``n`` calls of ``step``: where the host time of one call goes, by function."""
+    import cProfile
+    import os
+    import pstats
+
+    os.makedirs(folder, exist_ok=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        _zero(tensors)
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    path = os.path.join(folder, f"profile_{op}.txt")
+    with open(path, "w") as f:
+        f.write(f"{op}: {n} calls of liger-portable forward + backward\n")
+        stats = pstats.Stats(prof, stream=f)
+        stats.sort_stats("tottime").print_stats(45)
+        stats.sort_stats("cumulative").print_stats(45)
+    print(f"  profile -> {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated, from: " + ", ".join(OPS))
@@ -227,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--main-calls", type=int, default=50, help="calls per eager measurement at the main shape")
     ap.add_argument("--no-main", action="store_true", help="host cost only")
     ap.add_argument("--launch-ab", action="store_true", help="also ours with the cached launcher off")
+    ap.add_argument("--profile", metavar="DIR", help="also write a cProfile of ours per op to DIR/profile_<op>.txt")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a GPU")
@@ -267,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, vals in samples.items():
             med = keep(op, shape, name, "host_us", vals)
             print(f"  {name:<32} {med:8.1f}  [{min(vals):.1f}, {max(vals):.1f}]")
+        if args.profile:
+            _profile(op, impls["liger-portable"], tensors, args.calls, args.profile)
         del tensors, impls
         if args.no_main:
             continue
