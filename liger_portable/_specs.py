@@ -73,6 +73,8 @@ class KernelSpec:
             through the family's own launch code. The tuner times the first (the form a training
             step runs); the vendor compile matrix compiles every variant, reading each launch's
             arguments on meta tensors, so no launch signature is written twice.
+        shown: ``(label, problem)``: the representative problem (values in ``key`` order) whose
+            resolved config ``liger-portable info`` and ``check`` print for this kernel.
     """
 
     name: str
@@ -84,6 +86,7 @@ class KernelSpec:
     equivalent: Callable[[dict, dict], dict] = field(default=lambda config, problem: config)
     tile_values: Callable[[dict, dict], int] | None = None
     examples: Callable[[Any], list] | None = None
+    shown: tuple[str, tuple[int, ...]] | None = None
 
     @property
     def version(self) -> str:
@@ -181,6 +184,10 @@ def _clamped(name: str, lo: int) -> Callable[[dict, dict], dict]:
 
 
 
+# The problem `liger-portable info` shows for row kernels: a Llama-3-8B layer at 16384 tokens.
+_SHOWN_ROWS = ("hidden 4096, 16384 rows", (4096, 16384))
+
+
 def row_norm_specs(
     family: str, source: str, examples: tuple[Callable | None, Callable | None] = (None, None)
 ) -> tuple[KernelSpec, KernelSpec]:
@@ -195,6 +202,7 @@ def row_norm_specs(
         equivalent=_clamped("BLOCK_N_MAX", 1),  # ops: a row that fits BLOCK_N_MAX is one next_pow2 block
         tile_values=_row_tile("BLOCK_N_MAX", 1),
         examples=examples[0],
+        shown=_SHOWN_ROWS,
     )
     bwd = KernelSpec(
         name=f"{family}_bwd",
@@ -206,6 +214,7 @@ def row_norm_specs(
         equivalent=_clamped("BLOCK_N_MAX", 1),
         tile_values=_row_tile("BLOCK_N_MAX", 1),
         examples=examples[1],
+        shown=_SHOWN_ROWS,
     )
     return fwd, bwd
 
@@ -221,6 +230,7 @@ def elementwise_spec(name: str, source: str, examples: Callable | None = None) -
         equivalent=_clamped("BLOCK_N", 16),  # ops/glu.py: min(BLOCK_N, max(16, next_pow2(n_cols)))
         tile_values=_row_tile("BLOCK_N", 16),
         examples=examples,
+        shown=("intermediate 14336, 16384 rows", (14336, 16384)),
     )
 
 

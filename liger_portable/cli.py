@@ -18,19 +18,6 @@ from . import _configs, fallback, functional as F
 from ._platform import PlatformError, platform
 from ._specs import SPECS
 
-# Representative problems shown by `info` and run by `check`, per kernel family:
-# (label, kernel spec names, problem key values in spec order).
-_INFO_PROBLEMS = {
-    "rms_norm": [("hidden 4096, 16384 rows", ("rms_norm_fwd", "rms_norm_bwd"), (4096, 16384))],
-    "layer_norm": [("hidden 4096, 16384 rows", ("layer_norm_fwd", "layer_norm_bwd"), (4096, 16384))],
-    "rope": [("q 32 + k 8 heads, seq 4096, head_dim 128", ("rope",), (128, 40, 4096))],
-    "glu": [("intermediate 14336, 16384 rows", ("swiglu_fwd", "swiglu_bwd", "geglu_fwd", "geglu_bwd"), (14336, 16384))],
-    "fused_add_rms_norm": [("hidden 4096, 16384 rows", ("fused_add_rms_norm_fwd", "fused_add_rms_norm_bwd"), (4096, 16384))],
-    "cross_entropy": [("vocab 128256, 8192 rows", ("cross_entropy",), (128256, 8192))],
-    "fused_linear_cross_entropy": [("BT 8192, H 4096, vocab 128256", ("fused_linear_cross_entropy",), (128256, 8192, 4096))],
-}
-
-
 @dataclass
 class CheckResult:
     name: str
@@ -232,11 +219,11 @@ def _configs_for(device_index: int) -> list[tuple[str, str, str, str]]:
     p = platform()
     dev = p.device(device_index)
     rows = []
-    for family, problems in _INFO_PROBLEMS.items():
-        for label, kernels, problem in problems:
-            for k in kernels:
-                r = _configs.resolve(k, dev, problem, torch.bfloat16)
-                rows.append((k, label, str(r.config), r.source))
+    for spec in SPECS.values():  # each kernel's representative problem, declared with its spec
+        if spec.shown is not None:
+            label, problem = spec.shown
+            r = _configs.resolve(spec.name, dev, problem, torch.bfloat16)
+            rows.append((spec.name, label, str(r.config), r.source))
     return rows
 
 

@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name:<32} {med:8.3f} |      n/a")
                 continue
 
-            def graph_step(step=step):
+            def graph_step(step=step, tensors=tensors):
                 _zero(tensors)
                 step()
 

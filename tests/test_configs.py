@@ -1024,3 +1024,14 @@ def test_problem_of_the_wrong_length_is_a_clear_error():
     r = resolve("fused_linear_cross_entropy", dev, (128256, 16384, 2048), torch.bfloat16)
     assert r.meta["CHUNK_MIB"] == 512  # the hidden <= 2048 rule
     assert resolve("fused_linear_cross_entropy", dev, (128256, 8192, 4096), torch.bfloat16).meta["CHUNK_MIB"] == 128
+
+
+def test_every_kernel_declares_the_problem_info_shows():
+    """`liger-portable info` and `check` list each registered kernel's config at its declared
+    representative problem: one value per key field."""
+    from liger_portable._specs import SPECS
+
+    for name, spec in SPECS.items():
+        assert spec.shown is not None, name
+        label, problem = spec.shown
+        assert label and len(problem) == len(spec.key), name

@@ -433,5 +433,6 @@ SPECS = register(
         source="ops/cross_entropy.py",
         tile_values=lambda c, p: c["BLOCK_V"],
         examples=_examples,
+        shown=("vocab 128256, 8192 rows", (128256, 8192)),
     ),
 )

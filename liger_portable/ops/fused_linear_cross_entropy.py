@@ -424,5 +424,6 @@ SPECS = register(
         source="ops/fused_linear_cross_entropy.py",
         tile_values=lambda c, p: c["BLOCK_V"],
         examples=_examples,
+        shown=("BT 8192, H 4096, vocab 128256", (128256, 8192, 4096)),
     ),
 )

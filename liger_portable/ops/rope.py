@@ -305,5 +305,6 @@ SPECS = register(
         tile_values=lambda c, p: c["BLOCK_S"] * next_pow2(p["head_dim"] // 2),
         source="ops/rope.py",
         examples=_examples,
+        shown=("q 32 + k 8 heads, seq 4096, head_dim 128", (128, 40, 4096)),
     ),
 )
