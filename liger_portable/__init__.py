@@ -8,9 +8,9 @@ per-vendor launch configs and a pure-PyTorch fallback.
 
 from __future__ import annotations
 
-from ._configs import ConfigError, resolve
+from .configs import ConfigError, resolve
 from ._dispatch import simulate
-from ._platform import DeviceInfo, Platform, PlatformError, platform, reset
+from .hardware import DeviceInfo, Platform, PlatformError, platform, reset
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import torch
 
-from ._platform import DeviceInfo, platform
+from .hardware import DeviceInfo, platform
 
 # A simulated GPU for CPU tensors: set by :func:`simulate` so that the Triton kernels run in the
 # Triton interpreter (TRITON_INTERPRET=1) with that device's launch configs. None in normal use.

@@ -1,7 +1,7 @@
 """Table inheritance: ``backends/base.json`` -> a vendor's ``default`` section -> an arch section.
 
 :func:`expand` turns a sparse vendor table (``backends/<vendor>.json``) and the shared
-``backends/base.json`` beside it into the flat form :func:`liger_portable._configs.parse_table`
+``backends/base.json`` beside it into the flat form :func:`liger_portable.configs.parse_table`
 validates: every section's ``kernels`` keyed by single kernel names, the ``default`` section
 holding an entry for every kernel. Each inherited rule, search space and base field keeps the
 name of the file that wrote it, for error messages and for the ``source`` that ``resolve`` shows.
@@ -57,8 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, DeviceInfo
-from ._specs import SPECS, KernelSpec
+from .hardware import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, DeviceInfo
+from .specs import SPECS, KernelSpec
 
 SCHEMA = 1
 LIMIT_FIELDS = ("warp_size", "max_threads_per_block", "shared_mem_per_block")

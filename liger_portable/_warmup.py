@@ -16,7 +16,7 @@ from typing import Mapping
 
 import torch
 
-from ._specs import SPECS
+from .specs import SPECS
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from typing import Callable
 
 import torch
 
-from . import _configs, fallback, functional as F
-from ._platform import PlatformError, platform
-from ._specs import SPECS
+from . import configs, fallback, functional as F
+from .hardware import PlatformError, platform
+from .specs import SPECS
 
 @dataclass
 class CheckResult:
@@ -222,7 +222,7 @@ def _configs_for(device_index: int) -> list[tuple[str, str, str, str]]:
     for spec in SPECS.values():  # each kernel's representative problem, declared with its spec
         if spec.shown is not None:
             label, problem = spec.shown
-            r = _configs.resolve(spec.name, dev, problem, torch.bfloat16)
+            r = configs.resolve(spec.name, dev, problem, torch.bfloat16)
             rows.append((spec.name, label, str(r.config), r.source))
     return rows
 
@@ -230,9 +230,9 @@ def _configs_for(device_index: int) -> list[tuple[str, str, str, str]]:
 def cache_summary(device) -> list[tuple[str, Path, int]]:
     """(label, path, number of entries) of the user and shipped autotune cache files of ``device``'s
     model, in lookup order (0 entries: missing, empty or unreadable)."""
-    from . import _cache
+    from . import autotune_cache
 
-    return [(label, path, len(_cache.read(str(path)))) for label, path in _cache.cache_files(device)]
+    return [(label, path, len(autotune_cache.read(str(path)))) for label, path in autotune_cache.cache_files(device)]
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -257,7 +257,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     for i in range(p.device_count):
         d = p.device(i)
-        table = _configs.load_table(d.backend)
+        table = configs.load_table(d.backend)
         section = table.section_for(d.arch).name
         print(
             f"device {i}: {d.name}  arch {d.arch}  warp {d.warp_size}  compute units {d.compute_units}  "
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args)
-    except (PlatformError, _configs.ConfigError) as e:
+    except (PlatformError, configs.ConfigError) as e:
         print(f"liger-portable: error: {e}", file=sys.stderr)
         return 2
 

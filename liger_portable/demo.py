@@ -25,7 +25,7 @@ import time
 import torch
 
 from ._dispatch import use_kernels
-from ._platform import PlatformError, platform
+from .hardware import PlatformError, platform
 
 # Model and batch per device. A training step must keep the GPU busy for the kernels to show: on an
 # H200 the ~150M-parameter model below spends two thirds of its step waiting for the host to launch

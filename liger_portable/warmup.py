@@ -14,7 +14,7 @@ the user cache (``$LIGER_PORTABLE_CACHE_DIR`` or ``$XDG_CACHE_HOME/liger_portabl
 a current cache is a no-op. Under torchrun the ranks of one device model agree
 (:func:`liger_portable.tuning.agree`): the lowest tunes, the others take its result and record it
 in their own cache, so every node ends with the same configs. Each tuning holds the device model's
-tuning lock (:func:`liger_portable._cache.tuning_lock`), so a warmup and a run with
+tuning lock (:func:`liger_portable.autotune_cache.tuning_lock`), so a warmup and a run with
 ``LIGER_PORTABLE_AUTOTUNE=1`` that share the cache folder never tune one problem twice.
 
 A progress line (on stderr) shows the problem being tuned, the elapsed time and an estimate of the
@@ -37,9 +37,9 @@ import time
 
 import torch
 
-from liger_portable import _cache, _warmup, tuning
-from liger_portable._platform import platform
-from liger_portable._specs import SPECS
+from liger_portable import autotune_cache, _warmup, tuning
+from liger_portable.hardware import platform
+from liger_portable.specs import SPECS
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
           "float32": torch.float32, "fp32": torch.float32}
@@ -84,10 +84,10 @@ def target_device():
 def cache_status(prob: _warmup.Problem, dev) -> str:
     if dev is None:
         return "-"
-    entry = _cache.lookup_entry(SPECS[prob.kernel], dev, prob.named, prob.dtype)
+    entry = autotune_cache.lookup_entry(SPECS[prob.kernel], dev, prob.named, prob.dtype)
     if entry is not None:
         return "cached"
-    shipped = list(_cache.lookup(SPECS[prob.kernel], dev, prob.named, prob.dtype))
+    shipped = list(autotune_cache.lookup(SPECS[prob.kernel], dev, prob.named, prob.dtype))
     return "shipped" if shipped else "to tune"
 
 
@@ -101,7 +101,7 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
 def dry_run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     dev = target_device()
     rows = [
-        {"kernel": p.kernel, "problem": p.describe(), "dtype": _cache.dtype_name(p.dtype), "launches/step": p.launches,
+        {"kernel": p.kernel, "problem": p.describe(), "dtype": autotune_cache.dtype_name(p.dtype), "launches/step": p.launches,
          "where": p.what, "cache": cache_status(p, dev)}
         for p in probs
     ]
@@ -164,7 +164,7 @@ def _choose(p: _warmup.Problem, dev) -> dict:
     """The cached entry of ``p``, else tune it under the device model's tuning lock (another
     process may record it meanwhile: then its entry is taken). Never raises: a failure is a row."""
     spec = SPECS[p.kernel]
-    entry = _cache.lookup_entry(spec, dev, p.named, p.dtype)
+    entry = autotune_cache.lookup_entry(spec, dev, p.named, p.dtype)
     if entry is not None:  # current cache: a re-run is a no-op
         return {**entry, "status": "cached"}
     hook = tuning.hook_for(p.kernel)
@@ -180,15 +180,15 @@ def _choose(p: _warmup.Problem, dev) -> dict:
 
     try:
         try:
-            with _cache.tuning_lock(dev, tuning.lock_timeout()) as got:
+            with autotune_cache.tuning_lock(dev, tuning.lock_timeout()) as got:
                 if not got:
-                    return {"status": "failed", "error": f"tuning lock busy ({_cache.lock_holder(dev) or 'another process'})"}
-                _cache.reread(dev)
-                entry = _cache.lookup_entry(spec, dev, p.named, p.dtype)
+                    return {"status": "failed", "error": f"tuning lock busy ({autotune_cache.lock_holder(dev) or 'another process'})"}
+                autotune_cache.reread(dev)
+                entry = autotune_cache.lookup_entry(spec, dev, p.named, p.dtype)
                 if entry is not None:
                     return {**entry, "status": "cached"}
                 return tune()
-        except _cache.NoTuningLock:  # unshared cache (kept in memory): nobody to wait for
+        except autotune_cache.NoTuningLock:  # unshared cache (kept in memory): nobody to wait for
             return tune()
     except Exception as e:  # noqa: BLE001 - report it, tune the other problems
         return {"status": "failed", "error": f"{type(e).__name__}: {e}"}
@@ -208,24 +208,24 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     progress = _Progress(len(probs), enabled=rank == 0 and not args.json)
     for i, p in enumerate(probs):
         spec = SPECS[p.kernel]
-        progress.show(i, f"{p.kernel} {p.describe()} {_cache.dtype_name(p.dtype)}", finished=False)
+        progress.show(i, f"{p.kernel} {p.describe()} {autotune_cache.dtype_name(p.dtype)}", finished=False)
         got = tuning.agree(lambda p=p: _choose(p, dev), model=dev.model_slug) if distributed else _choose(p, dev)
         if distributed and got["status"] in ("tuned", "cached"):
-            _cache.reread(dev)  # the leader may share this cache folder and have recorded it already
-            if _cache.lookup_entry(spec, dev, p.named, p.dtype) is None:
+            autotune_cache.reread(dev)  # the leader may share this cache folder and have recorded it already
+            if autotune_cache.lookup_entry(spec, dev, p.named, p.dtype) is None:
                 # another node's leader chose it: record its result here too, so every rank reads it later
-                _cache.record(spec, dev, p.named, p.dtype, got["config"], got.get("time_ms"), got.get("default_ms"))
+                autotune_cache.record(spec, dev, p.named, p.dtype, got["config"], got.get("time_ms"), got.get("default_ms"))
         if got.get("compile"):
             compiles.add(got["compile"])
         if got["status"] in ("no hook", "failed"):
             problems_left[f"{p.kernel} {p.describe()}"] = got.get("error") or got["status"]
         gain = (1 - got["time_ms"] / got["default_ms"]) if got.get("time_ms") and got.get("default_ms") else None
-        rows.append({"kernel": p.kernel, "problem": p.describe(), "dtype": _cache.dtype_name(p.dtype),
+        rows.append({"kernel": p.kernel, "problem": p.describe(), "dtype": autotune_cache.dtype_name(p.dtype),
                      "config": " ".join(f"{k}={v}" for k, v in (got.get("config") or {}).items()),
                      "ms": f"{got['time_ms']:.4f}" if got.get("time_ms") else "",
                      "default ms": f"{got['default_ms']:.4f}" if got.get("default_ms") else "",
                      "gain": f"{gain:+.1%}" if gain is not None else "", "status": got["status"]})
-        progress.show(i + 1, f"{p.kernel} {p.describe()} {_cache.dtype_name(p.dtype)}: {got['status']}", finished=True)
+        progress.show(i + 1, f"{p.kernel} {p.describe()} {autotune_cache.dtype_name(p.dtype)}: {got['status']}", finished=True)
     progress.close()
     if rank == 0:
         if args.json:

@@ -39,8 +39,8 @@ from benchlib import (
 
 import liger_portable
 from liger_portable import functional as F
-from liger_portable._configs import Limits, load_table, make_resolved, resolve, search_configs
-from liger_portable._specs import next_pow2
+from liger_portable.configs import Limits, load_table, make_resolved, resolve, search_configs
+from liger_portable.specs import next_pow2
 from liger_portable.ops import rms_norm as ops
 
 EPS = 1e-6

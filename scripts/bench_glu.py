@@ -49,7 +49,7 @@ from benchlib import (
 
 import liger_portable
 from liger_portable import functional as F
-from liger_portable._configs import Limits, load_table, make_resolved, resolve, search_configs
+from liger_portable.configs import Limits, load_table, make_resolved, resolve, search_configs
 from liger_portable.ops import glu as ops
 
 DEVICE = "cuda"

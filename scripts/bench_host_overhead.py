@@ -34,7 +34,7 @@ import torch.nn.functional as TF
 from benchlib import environment, graph_ms, record, save_records
 
 from liger_portable import functional as F
-from liger_portable.ops import _launch
+from liger_portable.ops import launching
 
 DT = torch.bfloat16
 
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda")
     env = environment()
     print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  liger-kernel {env.get('liger_kernel')}  "
-          f"liger-portable {env.get('liger_portable')}  cached launcher: {_launch.supported()}")
+          f"liger-portable {env.get('liger_portable')}  cached launcher: {launching.supported()}")
     records: list[dict] = []
 
     def keep(op, shape, impl, metric, values):
@@ -275,11 +275,11 @@ def main(argv: list[str] | None = None) -> int:
             ours = impls["liger-portable"]
 
             def slow(ours=ours):
-                _launch.enabled = False
+                launching.enabled = False
                 try:
                     ours()
                 finally:
-                    _launch.enabled = True
+                    launching.enabled = True
 
             impls["liger-portable (Triton launch)"] = slow
         samples: dict[str, list[float]] = {k: [] for k in impls}

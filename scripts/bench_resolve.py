@@ -16,8 +16,8 @@ import torch
 from benchlib import record, save_records
 
 import liger_portable
-from liger_portable._configs import resolve
-from liger_portable._platform import DeviceInfo
+from liger_portable.configs import resolve
+from liger_portable.hardware import DeviceInfo
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from benchlib import (
 
 import liger_portable
 from liger_portable import functional as F
-from liger_portable._configs import make_resolved, resolve
+from liger_portable.configs import make_resolved, resolve
 from liger_portable.tuning import candidates
 from liger_portable.ops import rms_norm as ops
 

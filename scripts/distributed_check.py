@@ -221,16 +221,16 @@ def check_dtensor(dtype: torch.dtype, device: torch.device) -> list[dict]:
 def check_autotune_agreement() -> dict:
     """After the training checks under ``LIGER_PORTABLE_AUTOTUNE=1``: every rank resolved the same
     config for every (kernel, problem, dtype) it used, and each problem was tuned by one process."""
-    from liger_portable import _configs, tuning
+    from liger_portable import configs, tuning
 
-    mine = {f"{k} {p} {str(d).removeprefix('torch.')}": str(r.config) for (k, _dev, p, d), r in _configs.resolved().items()}
+    mine = {f"{k} {p} {str(d).removeprefix('torch.')}": str(r.config) for (k, _dev, p, d), r in configs.resolved().items()}
     world = dist.get_world_size()
-    configs: list = [None] * world
+    gathered: list = [None] * world
     tuned: list = [None] * world
-    dist.all_gather_object(configs, mine)
+    dist.all_gather_object(gathered, mine)
     dist.all_gather_object(tuned, [str(t) for t in tuning.tuned_here])
-    keys = set().union(*configs)
-    differ = [k for k in sorted(keys) if len({str(c.get(k)) for c in configs}) > 1]
+    keys = set().union(*gathered)
+    differ = [k for k in sorted(keys) if len({str(c.get(k)) for c in gathered}) > 1]
     all_tuned = [t for ts in tuned for t in ts]
     twice = sorted({t for t in all_tuned if all_tuned.count(t) > 1})
     ok = not differ and not twice and bool(all_tuned)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Vendor compile matrix: every config of every vendor table, compiled for every target, checked.
 
-For each kernel spec (``liger_portable._specs.SPECS``) with examples (its launches, read from the
-kernel family's own launch code by ``liger_portable/_compile_matrix.py``) and each target, the configs its backend table produces are enumerated — the default rules over
+For each kernel spec (``liger_portable.specs.SPECS``) with examples (its launches, read from the
+kernel family's own launch code by ``liger_portable/compile_matrix.py``) and each target, the configs its backend table produces are enumerated — the default rules over
 representative problem sizes and, with ``--full``, the tuner's search space merged over each rule's
 config — and cross-compiled with the public Triton wheel (no GPU needed). Each compile is checked
 against the target's limits, which Triton does not check when cross-compiling:
@@ -57,10 +57,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from liger_portable import _compile_matrix as cm  # noqa: E402  (does not import Triton kernels)
-from liger_portable import _configs  # noqa: E402
-from liger_portable._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS  # noqa: E402
-from liger_portable._specs import SPECS  # noqa: E402
+from liger_portable import compile_matrix as cm  # noqa: E402  (does not import Triton kernels)
+from liger_portable import configs  # noqa: E402
+from liger_portable.hardware import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS  # noqa: E402
+from liger_portable.specs import SPECS  # noqa: E402
 
 
 # --------------------------------------------------------------------------- targets and limits
@@ -117,7 +117,7 @@ DTYPE = "bfloat16"
 # --------------------------------------------------------------------------- tables
 
 
-def load_tables(directory: Path) -> tuple[dict[str, _configs.Table], list[str]]:
+def load_tables(directory: Path) -> tuple[dict[str, configs.Table], list[str]]:
     """Each backend's table parsed without the resolver's limit checks (the matrix reports those
     itself, per target), and the strict validation's errors."""
     tables, errors = {}, []
@@ -125,11 +125,11 @@ def load_tables(directory: Path) -> tuple[dict[str, _configs.Table], list[str]]:
         path = directory / f"{backend}.json"
         data = json.loads(path.read_text())
         try:
-            _configs.parse_table(data, path, backend)
-        except _configs.ConfigError as e:
+            configs.parse_table(data, path, backend)
+        except configs.ConfigError as e:
             errors.append(f"table validation: {e}")
-        with mock.patch.object(_configs, "check_config", lambda *a, **k: None):
-            tables[backend] = _configs.parse_table(data, path, backend)
+        with mock.patch.object(configs, "check_config", lambda *a, **k: None):
+            tables[backend] = configs.parse_table(data, path, backend)
     return tables, errors
 
 
@@ -144,11 +144,11 @@ class Item:
     where: str
 
 
-def enumerate_configs(table: _configs.Table, target: Target, kernel: str, full: bool, ci: bool) -> list[Item]:
+def enumerate_configs(table: configs.Table, target: Target, kernel: str, full: bool, ci: bool) -> list[Item]:
     items, by_rule = [], {}
     representative = cm.problems(kernel, ci=ci)
     for p in representative:
-        cfg, where = _configs.table_config(table, target.name, kernel, p)
+        cfg, where = configs.table_config(table, target.name, kernel, p)
         items.append(Item(kernel, target, dict(cfg), p, where))
         # The largest problem of each rule: the one its search points are compiled with.
         by_rule[where] = (cfg, p)
@@ -160,12 +160,12 @@ def enumerate_configs(table: _configs.Table, target: Target, kernel: str, full: 
             if not rule.upto:
                 continue
             p = {**representative[0], **dict(rule.upto)}
-            cfg, where = _configs.table_config(table, target.name, kernel, p)
+            cfg, where = configs.table_config(table, target.name, kernel, p)
             if where not in by_rule:
                 items.append(Item(kernel, target, dict(cfg), p, where))
                 by_rule[where] = (cfg, p)
     if full:
-        space = _configs.search_space(table, target.name, kernel)
+        space = configs.search_space(table, target.name, kernel)
         import itertools
 
         names = list(space)

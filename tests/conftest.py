@@ -28,7 +28,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 import pytest  # noqa: E402
 
-from liger_portable._platform import DeviceInfo  # noqa: E402
+from liger_portable.hardware import DeviceInfo  # noqa: E402
 
 # One simulated device per vendor table section family, for the interpreter tests.
 SIMULATED_DEVICES = {
@@ -103,7 +103,7 @@ def simulated_device(request):
 def poison(monkeypatch):
     """Outputs the kernels allocate start as NaN, so any element a kernel fails to write shows.
 
-    Every module of ``liger_portable.ops`` allocates its outputs through a module-level ``_empty``
+    Every module of ``liger_portable.ops`` allocates its outputs through a module-level ``empty``
     (``torch.empty`` in normal use); this swaps it for a NaN-filled allocation."""
     import importlib
     import pkgutil
@@ -115,8 +115,8 @@ def poison(monkeypatch):
 
     for info in pkgutil.iter_modules(liger_portable.ops.__path__):
         module = importlib.import_module(f"liger_portable.ops.{info.name}")
-        if hasattr(module, "_empty"):
-            monkeypatch.setattr(module, "_empty", nan_empty)
+        if hasattr(module, "empty"):
+            monkeypatch.setattr(module, "empty", nan_empty)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -131,7 +131,7 @@ def problem_for(kernel: str, n_cols: int, n_rows: int) -> tuple:
     """A resolvable problem for any kernel: its key's first two fields take ``n_cols`` and
     ``n_rows`` (row length and row count; RoPE: head_dim and heads), later fields a typical value
     (hidden 4096, seq_len 4096)."""
-    from liger_portable._specs import SPECS
+    from liger_portable.specs import SPECS
 
     extra = {"hidden": 4096, "seq_len": 4096}
     key = SPECS[kernel].key

@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from liger_portable import _cache, _configs, _paths, _platform, _specs, tuning
+from liger_portable import autotune_cache, configs, _paths, hardware, specs, tuning
 from liger_portable.tuning import runtime, search, timing
-from liger_portable._configs import ENV_AUTOTUNE, load_table, resolve, table_config
-from liger_portable._platform import ENV_BACKEND, DeviceInfo
-from liger_portable._specs import SPECS
+from liger_portable.configs import ENV_AUTOTUNE, load_table, resolve, table_config
+from liger_portable.hardware import ENV_BACKEND, DeviceInfo
+from liger_portable.specs import SPECS
 
 H200 = DeviceInfo("cuda", 0, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
 MI300 = DeviceInfo("rocm", 0, "AMD Instinct MI300X", "gfx942", 64, 304, 1024, 65536)
@@ -51,20 +51,20 @@ def fresh(monkeypatch, tmp_path):
     shipped = tmp_path / "shipped_cache"
     shipped.mkdir()
     monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
-    _platform.reset()
-    _cache.clear_overlay()
+    hardware.reset()
+    autotune_cache.clear_overlay()
     runtime.reset_runtime()
     # only the fake hooks of these tests: the real ones (tuning.hooks) would launch on a GPU
     runtime.reset_hooks(defaults=False)
     yield
     runtime.reset_hooks()
     runtime.reset_runtime()
-    _cache.clear_overlay()
-    _platform.reset()
+    autotune_cache.clear_overlay()
+    hardware.reset()
 
 
 def user_file(dev: DeviceInfo = H200) -> Path:
-    return _cache.user_cache_file(dev)
+    return autotune_cache.user_cache_file(dev)
 
 
 def load(path: Path) -> dict:
@@ -80,9 +80,9 @@ def rows(i: int) -> dict:
 
 
 def test_record_writes_entry_with_metadata():
-    key = _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    key = autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
     data = load(user_file())
-    assert data["format"] == _cache.FORMAT and data["device"] == "NVIDIA H200"
+    assert data["format"] == autotune_cache.FORMAT and data["device"] == "NVIDIA H200"
     e = data["entries"][key]
     assert e["config"] == CFG and e["time_ms"] == 0.05 and e["default_ms"] == 0.06
     assert e["measured_at"].endswith("Z") and e["versions"]["torch"] == torch.__version__
@@ -92,17 +92,17 @@ def test_record_writes_entry_with_metadata():
 
 def test_record_visible_to_lookup_and_resolve_immediately():
     assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
-    assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []  # memoized empty read
-    _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
-    assert [c for c, _ in _cache.lookup(SPEC, H200, NAMED, torch.bfloat16)] == [CFG]
+    assert list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []  # memoized empty read
+    autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    assert [c for c, _ in autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)] == [CFG]
     r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
     assert r.source == "user cache NVIDIA_H200.json" and r.config.to_dict() == CFG
 
 
 def test_record_merges_with_existing_entries():
-    k1 = _cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
-    k2 = _cache.record(SPEC, H200, rows(2), torch.float16, CFG, 0.07, 0.08)
-    k3 = _cache.record(SPEC, H200, rows(1), torch.bfloat16, {**CFG, "num_warps": 4}, 0.04, 0.06)
+    k1 = autotune_cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
+    k2 = autotune_cache.record(SPEC, H200, rows(2), torch.float16, CFG, 0.07, 0.08)
+    k3 = autotune_cache.record(SPEC, H200, rows(1), torch.bfloat16, {**CFG, "num_warps": 4}, 0.04, 0.06)
     entries = load(user_file())["entries"]
     assert k1 == k3 and set(entries) == {k1, k2}
     assert entries[k1]["config"]["num_warps"] == 4  # the newer result replaces the older
@@ -110,7 +110,7 @@ def test_record_merges_with_existing_entries():
 
 def _writer(proc: int, n: int) -> None:
     for i in range(n):
-        _cache.record(SPEC, H200, rows(proc * 1000 + i), torch.bfloat16, CFG, 0.01 * (i + 1), 0.5)
+        autotune_cache.record(SPEC, H200, rows(proc * 1000 + i), torch.bfloat16, CFG, 0.01 * (i + 1), 0.5)
 
 
 @pytest.mark.skipif(sys.platform == "win32" or "fork" not in mp.get_all_start_methods(), reason="needs fork")
@@ -133,7 +133,7 @@ def test_concurrent_writers_lose_nothing_and_readers_never_see_half_a_file():
         p.join(30)
         assert p.exitcode == 0
     entries = load(path)["entries"]
-    expected = {_cache.entry_key(SPEC, rows(p * 1000 + i), torch.bfloat16) for p in range(n_proc) for i in range(n_each)}
+    expected = {autotune_cache.entry_key(SPEC, rows(p * 1000 + i), torch.bfloat16) for p in range(n_proc) for i in range(n_each)}
     assert set(entries) == expected and len(entries) == n_proc * n_each
     assert not list(path.parent.glob("*.tmp"))
     assert reads > 0
@@ -166,15 +166,15 @@ def test_bad_file_warns_once_then_is_repaired_by_next_write(content):
     path.write_bytes(content)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
+        assert list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
         assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
-        key = _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
-        hits = list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16))
+        key = autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+        hits = list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16))
     msgs = [str(w.message) for w in rec if "autotune cache" in str(w.message)]
     assert len(msgs) == 1, msgs
     assert str(path) in msgs[0] and ("replaces" in msgs[0] or "warmup" in msgs[0])
     data = load(path)
-    assert data["format"] == _cache.FORMAT and list(data["entries"]) == [key]  # nothing kept
+    assert data["format"] == autotune_cache.FORMAT and list(data["entries"]) == [key]  # nothing kept
     assert hits == [(CFG, "user cache NVIDIA_H200.json")]
 
 
@@ -183,7 +183,7 @@ def test_bad_file_repaired_by_write_without_prior_read():
     path.parent.mkdir(parents=True)
     path.write_bytes(BAD_FILES["truncated"])
     with pytest.warns(RuntimeWarning, match="unreadable autotune cache"):
-        key = _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+        key = autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
     assert list(load(path)["entries"]) == [key]
 
 
@@ -191,9 +191,9 @@ def _assert_overlay(rec, path: Path) -> None:
     msgs = [str(w.message) for w in rec if "cannot write the autotune cache" in str(w.message)]
     assert len(msgs) == 1, msgs
     assert str(path) in msgs[0] and _paths.ENV_CACHE_DIR in msgs[0]
-    hits = list(_cache.lookup(SPEC, H200, rows(0), torch.bfloat16))
+    hits = list(autotune_cache.lookup(SPEC, H200, rows(0), torch.bfloat16))
     assert hits and hits[0] == (CFG, "user cache NVIDIA_H200.json (in memory)")
-    assert len([1 for i in range(3) if list(_cache.lookup(SPEC, H200, rows(i), torch.bfloat16))]) == 3
+    assert len([1 for i in range(3) if list(autotune_cache.lookup(SPEC, H200, rows(i), torch.bfloat16))]) == 3
     r = resolve(KERNEL, H200, tuple(rows(1).values()), torch.bfloat16)
     assert r.source == "user cache NVIDIA_H200.json (in memory)" and r.config.to_dict() == CFG
 
@@ -202,11 +202,11 @@ def test_unwritable_location_simulated_degrades_to_memory(monkeypatch):
     def deny(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(_cache.os, "replace", deny)
+    monkeypatch.setattr(autotune_cache.os, "replace", deny)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         for i in range(3):
-            _cache.record(SPEC, H200, rows(i), torch.bfloat16, CFG, 0.05, 0.06)  # never raises
+            autotune_cache.record(SPEC, H200, rows(i), torch.bfloat16, CFG, 0.05, 0.06)  # never raises
         _assert_overlay(rec, user_file())
     assert not user_file().exists() and not list(user_file().parent.glob("*.tmp"))
 
@@ -220,7 +220,7 @@ def test_read_only_directory_degrades_to_memory():
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
             for i in range(3):
-                _cache.record(SPEC, H200, rows(i), torch.bfloat16, CFG, 0.05, 0.06)
+                autotune_cache.record(SPEC, H200, rows(i), torch.bfloat16, CFG, 0.05, 0.06)
             _assert_overlay(rec, user_file())
     finally:
         d.chmod(0o700)
@@ -233,7 +233,7 @@ def test_cache_dir_is_a_file_degrades_to_memory(tmp_path, monkeypatch):
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         for i in range(3):
-            _cache.record(SPEC, H200, rows(i), torch.bfloat16, CFG, 0.05, 0.06)
+            autotune_cache.record(SPEC, H200, rows(i), torch.bfloat16, CFG, 0.05, 0.06)
         _assert_overlay(rec, user_file())
 
 
@@ -241,51 +241,51 @@ def test_cache_dir_is_a_file_degrades_to_memory(tmp_path, monkeypatch):
 
 
 def test_kernel_version_change_invalidates_only_that_kernel(monkeypatch):
-    _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
     other = SPECS["layer_norm_fwd"]
-    _cache.record(other, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
-    real_hash = _specs.source_hash  # rms_norm.py changed:
-    monkeypatch.setattr(_specs, "source_hash", lambda rel: "0123456789ab" if rel == SPEC.source else real_hash(rel))
-    _platform.reset()
+    autotune_cache.record(other, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    real_hash = specs.source_hash  # rms_norm.py changed:
+    monkeypatch.setattr(specs, "source_hash", lambda rel: "0123456789ab" if rel == SPEC.source else real_hash(rel))
+    hardware.reset()
     assert SPEC.version == "0123456789ab"
-    assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
+    assert list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
     assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
-    assert [c for c, _ in _cache.lookup(other, H200, NAMED, torch.bfloat16)] == [CFG]
+    assert [c for c, _ in autotune_cache.lookup(other, H200, NAMED, torch.bfloat16)] == [CFG]
 
 
 def test_kernel_version_covers_the_sibling_modules_it_imports(tmp_path, monkeypatch, request):
     """A kernel's version hashes its file and the ``from .x import`` siblings it uses, recursively
     (FLCE launches cross_entropy.py's kernel; the norms load through _tiles.py): a change to a
     helper module invalidates the entries of every kernel built on it."""
-    files = [p.name for p in _specs.source_files(_specs.SOURCE_ROOT / "ops/fused_linear_cross_entropy.py", set())]
+    files = [p.name for p in specs.source_files(specs.SOURCE_ROOT / "ops/fused_linear_cross_entropy.py", set())]
     assert files == ["fused_linear_cross_entropy.py", "cross_entropy.py"]
-    assert "_tiles.py" in [p.name for p in _specs.source_files(_specs.SOURCE_ROOT / "ops/layer_norm.py", set())]
+    assert "_tiles.py" in [p.name for p in specs.source_files(specs.SOURCE_ROOT / "ops/layer_norm.py", set())]
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops/a.py").write_text("from .b import f\n")
     (tmp_path / "ops/b.py").write_text("from .a import g\nx = 1\n")  # a cycle ends
-    monkeypatch.setattr(_specs, "SOURCE_ROOT", tmp_path)
-    _specs.forget_source_hashes()
-    request.addfinalizer(_specs.forget_source_hashes)  # nothing hashed under tmp_path is kept
-    before = _specs.source_hash("ops/a.py")
+    monkeypatch.setattr(specs, "SOURCE_ROOT", tmp_path)
+    specs.forget_source_hashes()
+    request.addfinalizer(specs.forget_source_hashes)  # nothing hashed under tmp_path is kept
+    before = specs.source_hash("ops/a.py")
     (tmp_path / "ops/b.py").write_text("from .a import g\nx = 2\n")
-    _specs.forget_source_hashes()
-    assert _specs.source_hash("ops/a.py") != before
+    specs.forget_source_hashes()
+    assert specs.source_hash("ops/a.py") != before
 
 
 def test_triton_version_is_part_of_the_key(monkeypatch):
-    _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
-    monkeypatch.setattr(_cache, "triton_major_minor", lambda: "99.1")
-    assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
+    autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    monkeypatch.setattr(autotune_cache, "triton_major_minor", lambda: "99.1")
+    assert list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
 
 
 def test_problem_bucketing():
-    _cache.record(SPEC, H200, {"n_cols": 4096, "n_rows": 1000}, torch.bfloat16, CFG, 0.05, 0.06)
-    assert list(_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1024}, torch.bfloat16))
-    assert list(_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 513}, torch.bfloat16))
-    assert not list(_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1025}, torch.bfloat16))
-    assert not list(_cache.lookup(SPEC, H200, {"n_cols": 4097, "n_rows": 1000}, torch.bfloat16))
-    assert not list(_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1000}, torch.float16))
-    assert not list(_cache.lookup(SPEC, MI300, {"n_cols": 4096, "n_rows": 1000}, torch.bfloat16))
+    autotune_cache.record(SPEC, H200, {"n_cols": 4096, "n_rows": 1000}, torch.bfloat16, CFG, 0.05, 0.06)
+    assert list(autotune_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1024}, torch.bfloat16))
+    assert list(autotune_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 513}, torch.bfloat16))
+    assert not list(autotune_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1025}, torch.bfloat16))
+    assert not list(autotune_cache.lookup(SPEC, H200, {"n_cols": 4097, "n_rows": 1000}, torch.bfloat16))
+    assert not list(autotune_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1000}, torch.float16))
+    assert not list(autotune_cache.lookup(SPEC, MI300, {"n_cols": 4096, "n_rows": 1000}, torch.bfloat16))
     entries = load(user_file())["entries"]
     assert len(entries) == 1 and list(entries)[0].endswith("|bfloat16|n_cols=4096,n_rows=1024")
 
@@ -320,7 +320,7 @@ def test_candidates_are_legal_distinct_and_exclude_default(dev):
     assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
     for c in cands:
         assert set(c) >= set(default)  # the search may add backend options (waves_per_eu)
-        _configs.check_config(c, SPEC, dev.backend, _configs.Limits.of(dev), "test")
+        configs.check_config(c, SPEC, dev.backend, configs.Limits.of(dev), "test")
 
 
 def test_candidates_respect_device_limits():
@@ -435,7 +435,7 @@ def test_autotune_env_miss_tunes_once_and_records(monkeypatch):
     assert (r.config.num_warps, r.config["BLOCK_M"]) == (target["num_warps"], target["BLOCK_M"])
     # same bucket, and after the resolve memo is dropped: read from the cache, no second tuning
     assert resolve(KERNEL, H200, (4096, 600), torch.bfloat16).source == "user cache NVIDIA_H200.json"
-    _platform.reset()
+    hardware.reset()
     assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).config == r.config
     assert len(hook.calls) == 1
     # another bucket tunes once more
@@ -449,7 +449,7 @@ def test_autotune_once_per_process_even_if_unrecorded(monkeypatch):
     runtime.register_hook(KERNEL, hook_all_fail)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
     for _ in range(2):
-        _platform.reset()
+        hardware.reset()
         assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
     assert len(hook.calls) == 1
 
@@ -484,7 +484,7 @@ def test_autotune_never_during_graph_capture(monkeypatch):
 
 
 def test_autotune_cache_hit_does_not_tune(monkeypatch):
-    _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
     hook = _hook()
     runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
@@ -511,7 +511,7 @@ WORKER = textwrap.dedent(
     import torch.distributed as dist
     from liger_portable import resolve
     from liger_portable.tuning import agree, runtime, search
-    from liger_portable._platform import DeviceInfo
+    from liger_portable.hardware import DeviceInfo
 
     rank, world, store, model, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
@@ -602,14 +602,14 @@ def test_ranks_under_gloo_agree_and_tune_once(tmp_path, monkeypatch):
     problems = [{"n_cols": 4096 + i, "n_rows": 1000} for i in range(4)]
     assert sorted((ln["problem"]["n_cols"] for ln in lines)) == [p["n_cols"] for p in problems], lines
     assert out[0]["tuned"] == out[1]["tuned"] == out[2]["tuned"]
-    entries = load(_cache.user_cache_file(GLOO_DEV))["entries"]
+    entries = load(autotune_cache.user_cache_file(GLOO_DEV))["entries"]
     assert len(entries) == 4
     for ln in lines:
         named, tuner = ln["problem"], ln["rank"]
         # the config is the one the tuning rank's timings favour (another rank's would differ)
         expected = search.candidates(KERNEL, GLOO_DEV, named)[:3][tuner % 3]
         assert out[0]["tuned"][str((named["n_cols"], named["n_rows"]))] == expected
-        assert entries[_cache.entry_key(SPEC, named, torch.bfloat16)]["config"] == expected
+        assert entries[autotune_cache.entry_key(SPEC, named, torch.bfloat16)]["config"] == expected
 
 
 # --------------------------------------------------------------------------- tuning lock
@@ -622,16 +622,16 @@ def test_waiter_takes_the_entry_recorded_while_it_waited(monkeypatch):
     hook = _hook()
     runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
-    assert list(_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []  # memoized: empty
+    assert list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []  # memoized: empty
     held, release = threading.Event(), threading.Event()
 
     def other_process():  # a separate open file: flock treats it as another process
-        with _cache.tuning_lock(H200, None) as got:
+        with autotune_cache.tuning_lock(H200, None) as got:
             assert got
             held.set()
             release.wait(10)
-            _cache.write_entries(user_file(), H200.name, {_cache.entry_key(SPEC, NAMED, torch.bfloat16):
-                                                          _cache.make_entry(CFG, 0.05, 0.06)})
+            autotune_cache.write_entries(user_file(), H200.name, {autotune_cache.entry_key(SPEC, NAMED, torch.bfloat16):
+                                                          autotune_cache.make_entry(CFG, 0.05, 0.06)})
 
     t = threading.Thread(target=other_process)
     t.start()
@@ -648,7 +648,7 @@ def test_lock_timeout_falls_back_to_table_once(monkeypatch):
     runtime.register_hook(KERNEL, hook)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
     monkeypatch.setenv(runtime.ENV_LOCK_TIMEOUT, "0.2")
-    with _cache.tuning_lock(H200, None) as got, warnings.catch_warnings(record=True) as rec:
+    with autotune_cache.tuning_lock(H200, None) as got, warnings.catch_warnings(record=True) as rec:
         assert got
         warnings.simplefilter("always")
         assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
@@ -676,12 +676,12 @@ HOLDER = textwrap.dedent(
 
 @pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks")
 def test_lock_of_a_dead_process_is_released_at_once(tmp_path, monkeypatch):
-    lock = _cache.tuning_lock_file(H200)
+    lock = autotune_cache.tuning_lock_file(H200)
     lock.parent.mkdir(parents=True)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with _cache.tuning_lock(H200, 0.05) as got:
+        with autotune_cache.tuning_lock(H200, 0.05) as got:
             assert not got  # held by a live process
     finally:
         holder.kill()  # dies holding the lock; the lock file stays on disk
@@ -789,11 +789,11 @@ def test_info_cache_summary_counts_user_and_shipped_entries(tmp_path):
     from liger_portable import cli
 
     assert [(label, n) for label, _, n in cli.cache_summary(H200)] == [("user cache", 0), ("shipped cache", 0)]
-    _cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
-    _cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
+    autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    autotune_cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
     shipped = _paths.shipped_cache_dir() / user_file().name
     shipped.write_text(user_file().read_text())
-    _cache.invalidate(str(shipped))  # the shipped file is read once per process; it was missing
+    autotune_cache.invalidate(str(shipped))  # the shipped file is read once per process; it was missing
     summary = cli.cache_summary(H200)
     assert [(label, n) for label, _, n in summary] == [("user cache", 2), ("shipped cache", 2)]
     assert summary[1][1] == shipped

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from liger_portable import _warmup
-from liger_portable._specs import SPECS
+from liger_portable.specs import SPECS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "autotune_warmup.py"
 
@@ -121,7 +121,7 @@ def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypa
     """A real run with the default hooks on a simulated H200 (kernels in the Triton interpreter,
     a fake timer): every problem of the step is tuned and recorded; a re-run tunes nothing."""
     from conftest import SIMULATED_DEVICES
-    from liger_portable import _cache, _paths, _platform
+    from liger_portable import autotune_cache, _paths, hardware
     from liger_portable import warmup as warmup_mod
     from liger_portable import simulate
     from liger_portable.tuning import runtime, search, timing
@@ -138,7 +138,7 @@ def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypa
     monkeypatch.setattr(timing, "do_bench_ms", lambda fn: (fn(), timed.append(1), 1.0)[2])
     dev = SIMULATED_DEVICES["cuda-sm90"]
     monkeypatch.setattr(warmup_mod, "target_device", lambda: dev)
-    _platform.reset()
+    hardware.reset()
     args = [str(tmp_path), "--tokens", "32", "--seq-len", "16", "--dtype", "fp32"]
     with simulate(dev):
         assert warmup.main(args) == 0
@@ -151,7 +151,7 @@ def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypa
                                          "fused_linear_cross_entropy"}
     assert n_timed == 2 * len(probs)  # the table default and one candidate each
     for p in probs:
-        assert _cache.lookup_entry(SPECS[p.kernel], dev, p.named, p.dtype) is not None, p
+        assert autotune_cache.lookup_entry(SPECS[p.kernel], dev, p.named, p.dtype) is not None, p
     assert first.out.count(" tuned") == len(probs) and "not tuned" not in first.err
     assert f"[{len(probs)}/{len(probs)}]" in first.err and "elapsed" in first.err and "eta" in first.err
     assert [r["status"] for r in second["results"]] == ["cached"] * len(probs)

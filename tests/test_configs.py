@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from liger_portable import _cache, _paths, _platform
-from liger_portable._configs import (
+from liger_portable import autotune_cache, _paths, hardware
+from liger_portable.configs import (
     ConfigError,
     Limits,
     check_config,
@@ -34,8 +34,8 @@ from liger_portable._configs import (
     search_space,
     table_config,
 )
-from liger_portable._platform import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, ENV_BACKEND, DeviceInfo
-from liger_portable._specs import SPECS
+from liger_portable.hardware import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, ENV_BACKEND, DeviceInfo
+from liger_portable.specs import SPECS
 
 from conftest import problem_for
 
@@ -56,9 +56,9 @@ def fresh(monkeypatch, tmp_path):
     shipped = tmp_path / "shipped_cache"
     shipped.mkdir()
     monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
-    _platform.reset()
+    hardware.reset()
     yield
-    _platform.reset()
+    hardware.reset()
 
 
 def raw_table(backend: str) -> dict:
@@ -754,7 +754,7 @@ def test_memoized_identical_object():
     assert resolve("rms_norm_fwd", dev, (4096, 1000), torch.bfloat16) is r1
     other_dtype = resolve("rms_norm_fwd", dev, (4096, 1000), torch.float16)
     assert other_dtype is not r1 and other_dtype.config == r1.config
-    _platform.reset()
+    hardware.reset()
     r2 = resolve("rms_norm_fwd", dev, (4096, 1000), torch.bfloat16)
     assert r2 is not r1 and r2.config == r1.config
 
@@ -820,7 +820,7 @@ def entry(cfg: dict) -> dict:
 
 
 def key(kernel: str = "rms_norm_fwd", named: dict = NAMED, dtype=torch.bfloat16) -> str:
-    return _cache.entry_key(SPECS[kernel], named, dtype)
+    return autotune_cache.entry_key(SPECS[kernel], named, dtype)
 
 
 @pytest.fixture
@@ -847,7 +847,7 @@ def test_user_cache_entry_wins(user_dir):
     dev = device("cuda-sm90")
     assert dev.model_slug == "NVIDIA_H200"
     write_cache(user_dir, dev, {key(): entry(TUNED)})
-    _platform.reset()
+    hardware.reset()
     r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
     assert r.source.startswith("user cache")
     assert "NVIDIA_H200.json" in r.source
@@ -858,7 +858,7 @@ def test_user_cache_entry_wins(user_dir):
 def test_cache_key_parts(user_dir):
     dev = device("cuda-sm90")
     write_cache(user_dir, dev, {key(): entry(TUNED)})
-    _platform.reset()
+    hardware.reset()
     # same bucket: n_rows 600 and 1000 both round up to 1024
     assert resolve("rms_norm_fwd", dev, (4096, 600), torch.bfloat16).source.startswith("user cache")
     # other bucket, other dtype, other kernel: the table
@@ -884,7 +884,7 @@ def test_key_has_kernel_version_triton_dtype_bucket():
 def test_shipped_cache_used_when_user_cache_misses(user_dir, shipped_dir):
     dev = device("cuda-sm90")
     write_cache(shipped_dir, dev, {key(): entry(TUNED_SHIPPED)})
-    _platform.reset()
+    hardware.reset()
     r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
     assert r.source.startswith("shipped cache")
     assert r.config.to_dict() == TUNED_SHIPPED
@@ -894,7 +894,7 @@ def test_user_cache_before_shipped_cache(user_dir, shipped_dir):
     dev = device("cuda-sm90")
     write_cache(shipped_dir, dev, {key(): entry(TUNED_SHIPPED)})
     write_cache(user_dir, dev, {key(): entry(TUNED)})
-    _platform.reset()
+    hardware.reset()
     r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
     assert r.source.startswith("user cache")
     assert r.config.to_dict() == TUNED
@@ -904,7 +904,7 @@ def test_user_file_without_the_entry_falls_through_to_shipped(user_dir, shipped_
     dev = device("cuda-sm90")
     write_cache(user_dir, dev, {key(dtype=torch.float16): entry(TUNED)})
     write_cache(shipped_dir, dev, {key(): entry(TUNED_SHIPPED)})
-    _platform.reset()
+    hardware.reset()
     assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("shipped cache")
 
 
@@ -921,7 +921,7 @@ def test_user_file_without_the_entry_falls_through_to_shipped(user_dir, shipped_
 def test_illegal_cached_config_skipped_with_warning(user_dir, bad, why):
     dev = device("cuda-sm90")
     write_cache(user_dir, dev, {key(): entry(bad)})
-    _platform.reset()
+    hardware.reset()
     with pytest.warns(RuntimeWarning, match="ignoring a cached config") as rec:
         r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
     assert any(why in str(w.message) for w in rec)
@@ -934,7 +934,7 @@ def test_illegal_user_entry_falls_through_to_shipped(user_dir, shipped_dir):
     dev = device("cuda-sm90")
     write_cache(user_dir, dev, {key(): entry({**TUNED, "num_warps": 64})})
     write_cache(shipped_dir, dev, {key(): entry(TUNED_SHIPPED)})
-    _platform.reset()
+    hardware.reset()
     with pytest.warns(RuntimeWarning, match="ignoring a cached config"):
         r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
     assert r.source.startswith("shipped cache")
@@ -949,7 +949,7 @@ def test_garbage_cache_file_warns_and_uses_table(user_dir, content):
     dev = device("cuda-sm90")
     user_dir.mkdir()
     (user_dir / f"{dev.model_slug}.json").write_bytes(content)
-    _platform.reset()
+    hardware.reset()
     with pytest.warns(RuntimeWarning, match="unreadable autotune cache"):
         r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
     assert r.source == TABLE_SOURCE
@@ -958,7 +958,7 @@ def test_garbage_cache_file_warns_and_uses_table(user_dir, content):
 def test_cache_path_is_a_directory(user_dir):
     dev = device("cuda-sm90")
     (user_dir / f"{dev.model_slug}.json").mkdir(parents=True)
-    _platform.reset()
+    hardware.reset()
     with pytest.warns(RuntimeWarning, match="unreadable autotune cache"):
         r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
     assert r.source == TABLE_SOURCE
@@ -968,7 +968,7 @@ def test_cache_path_is_a_directory(user_dir):
 def test_other_format_version_skipped_with_warning(user_dir, fmt):
     dev = device("cuda-sm90")
     write_cache(user_dir, dev, {key(): entry(TUNED)}, fmt=fmt)
-    _platform.reset()
+    hardware.reset()
     with pytest.warns(RuntimeWarning, match="not format 1"):
         r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
     assert r.source == TABLE_SOURCE
@@ -979,7 +979,7 @@ def test_wrong_shape_cache_file_skipped_with_warning(user_dir, doc):
     dev = device("cuda-sm90")
     user_dir.mkdir()
     (user_dir / f"{dev.model_slug}.json").write_text(json.dumps(doc))
-    _platform.reset()
+    hardware.reset()
     with pytest.warns(RuntimeWarning):
         r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
     assert r.source == TABLE_SOURCE
@@ -989,7 +989,7 @@ def test_wrong_shape_cache_file_skipped_with_warning(user_dir, doc):
 def test_malformed_entry_ignored(user_dir, hit):
     dev = device("cuda-sm90")
     write_cache(user_dir, dev, {key(): hit})
-    _platform.reset()
+    hardware.reset()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         r = resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16)
@@ -1007,12 +1007,12 @@ def test_no_cache_directory_is_silent(user_dir):
 def test_cache_read_is_memoized_until_reset(user_dir):
     dev = device("cuda-sm90")
     write_cache(user_dir, dev, {key(): entry(TUNED)})
-    _platform.reset()
+    hardware.reset()
     assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("user cache")
     # a new file content is not seen until reset() (memo and cache read are both cleared by it)
     write_cache(user_dir, dev, {})
     assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("user cache")
-    _platform.reset()
+    hardware.reset()
     assert resolve("rms_norm_fwd", dev, PROBLEM, torch.bfloat16).source.startswith("table")
 
 
@@ -1029,7 +1029,7 @@ def test_problem_of_the_wrong_length_is_a_clear_error():
 def test_every_kernel_declares_the_problem_info_shows():
     """`liger-portable info` and `check` list each registered kernel's config at its declared
     representative problem: one value per key field."""
-    from liger_portable._specs import SPECS
+    from liger_portable.specs import SPECS
 
     for name, spec in SPECS.items():
         assert spec.shown is not None, name

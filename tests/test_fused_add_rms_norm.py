@@ -282,7 +282,7 @@ def test_kernel_interpreter_equals_unfused(simulated_device, poison, dtype):
 def test_kernel_interpreter_one_source(simulated_device, poison):
     """With one launch config, the fused forward is RMSNorm's kernel on the rounded sum bit for
     bit, and the fused backward with no sum gradient is RMSNorm's backward bit for bit."""
-    from liger_portable._configs import make_resolved, resolve
+    from liger_portable.configs import make_resolved, resolve
     from liger_portable.ops import rms_norm as ops
 
     dtype = torch.float32

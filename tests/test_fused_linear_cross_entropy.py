@@ -82,7 +82,7 @@ def _run_and_compare(h, w, b, t, dtype, reduction="mean", opts=OPTIONS["plain"],
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Several chunks out of a tiny problem: CHUNK_MIB counts 2 KiB units, the fallback 4 KiB."""
-    monkeypatch.setattr(fl_ops, "_CHUNK_UNIT", 2048)
+    monkeypatch.setattr(fl_ops, "CHUNK_UNIT", 2048)
     monkeypatch.setattr(fl_fb, "CHUNK_BYTES", 4096)
 
 
@@ -348,7 +348,7 @@ def test_kernel_gpu_memory():
     h, w, _, t = _inputs(BT, H, V, torch.bfloat16, bias=False, device=dev)
     h.requires_grad_()
     w.requires_grad_()
-    cfg = fl_ops._config(h, w, None)
+    cfg = fl_ops.config_for(h, w, None)
     chunk = fl_fb.chunk_rows(V, 2, cfg.meta["CHUNK_MIB"] * 2**20) * V * 2
     # cuBLAS allocates its workspace (32 MiB on Hopper) through PyTorch's allocator on a stream's
     # first matmul, and keeps it: allocated here, it is not counted as the op's memory whichever

@@ -1,4 +1,4 @@
-"""The cached launcher (``liger_portable.ops._launch``): a kernel compiled for one specialisation is
+"""The cached launcher (``liger_portable.ops.launching``): a kernel compiled for one specialisation is
 reused only for arguments Triton would compile the same kernel for, and gives the bits Triton's
 own launch gives."""
 
@@ -11,7 +11,7 @@ import liger_portable
 from conftest import rel_err
 from liger_portable import fallback
 from liger_portable import functional as F
-from liger_portable.ops import _launch
+from liger_portable.ops import launching
 from liger_portable.ops import rms_norm as rms_ops
 
 
@@ -22,12 +22,12 @@ def _gpu():
 @pytest.mark.interpreter
 def test_interpreter_launches_take_tritons_path(simulated_device):
     """In the interpreter no compiled kernel comes back: nothing is cached, the result is right."""
-    rms_ops._launch_fwd._cache.clear()
+    rms_ops.launch_fwd._cache.clear()
     x = torch.randn(5, 40)
     w = torch.rand(40)
     y = F.rms_norm(x, w)
     assert rel_err(y, fallback.rms_norm(x.double(), w.double(), 1e-6, 0.0, "llama")) <= 1e-5
-    assert rms_ops._launch_fwd._cache == {}
+    assert rms_ops.launch_fwd._cache == {}
 
 
 @pytest.mark.gpu
@@ -47,7 +47,7 @@ def test_gpu_cached_launch_equals_tritons_launch(dtype):
     for name, x in cases.items():
         results = []
         for enabled in (False, True, True):  # Triton's path, then the cached one (filled, then hit)
-            _launch.enabled = enabled
+            launching.enabled = enabled
             try:
                 xg = x.detach().requires_grad_()
                 wg = w.detach().clone().requires_grad_()
@@ -56,12 +56,12 @@ def test_gpu_cached_launch_equals_tritons_launch(dtype):
                 torch.cuda.synchronize()
                 results.append((y.detach().clone(), xg.grad.clone(), wg.grad.clone()))
             finally:
-                _launch.enabled = True
+                launching.enabled = True
         for got in results[1:]:
             for a, b in zip(results[0], got):
                 assert torch.equal(a, b), name
         ref = fallback.rms_norm(x.double(), w.double(), 1e-6, 0.0, "llama")
         assert rel_err(results[-1][0], ref) <= (1e-5 if dtype == torch.float32 else 1e-2), name
-    keys = [k for k in rms_ops._launch_fwd._cache]
+    keys = [k for k in rms_ops.launch_fwd._cache]
     aligned = {tuple(v for v in k[2:6]) for k in keys}  # X, Y, W, RSTD specialisations
     assert len(aligned) >= 2, "the unaligned rows reused the aligned kernel"

@@ -264,7 +264,7 @@ def test_kernel_interpreter_strided_input(simulated_device, poison):
 def test_kernel_interpreter_looped_multirow_config(poison, bias):
     """Explicit configs (as the tuner passes them): several rows per program on the looped path,
     rows and columns that straddle the blocks."""
-    from liger_portable._configs import make_resolved
+    from liger_portable.configs import make_resolved
     from liger_portable import simulate
     from liger_portable.ops import layer_norm as ops
 
@@ -293,13 +293,13 @@ def test_kernel_interpreter_tail_tile_and_persistent_loop(poison, n_cols, split,
     before the current one is reduced), the last program fewer than the others."""
     import dataclasses
 
-    from liger_portable._configs import make_resolved
+    from liger_portable.configs import make_resolved
     from liger_portable import simulate
     from liger_portable.ops import layer_norm as ops
 
     from conftest import SIMULATED_DEVICES
 
-    assert ops._split_row(n_cols, 16384) == (*split, True)
+    assert ops.split_row(n_cols, 16384) == (*split, True)
     x, w, b, dy = _inputs((23, n_cols), torch.float32, seed=n_cols)
     fwd = make_resolved("layer_norm_fwd", {"num_warps": 4, "BLOCK_M": block_m, "BLOCK_N_MAX": 16384})
     bwd = make_resolved("layer_norm_bwd", {"num_warps": 4, "BLOCK_M": block_m, "BLOCK_N_MAX": 16384, "PROGRAMS_PER_CU": 1})

@@ -110,12 +110,12 @@ def test_installed_wheel_loads_its_tables(installed, tmp_path):
         f"""
         from pathlib import Path
         import liger_portable
-        from liger_portable import _configs, _paths
+        from liger_portable import configs, _paths
         site = Path({str(installed)!r}).resolve()
         here = Path(liger_portable.__file__).resolve()
         assert here.is_relative_to(site), f"imported {{here}}, not from {{site}}"
         for b in {TABLES!r}:
-            t = _configs.load_table(b)
+            t = configs.load_table(b)
             assert t.backend == b and Path(t.path).resolve().is_relative_to(site), t.path
         print(_paths.backends_dir())
         """,
@@ -131,10 +131,10 @@ def test_installed_wheel_resolves_a_config(installed, tmp_path):
         installed,
         """
         import torch
-        from liger_portable import _configs, _paths
-        from liger_portable._platform import DeviceInfo
+        from liger_portable import configs, _paths
+        from liger_portable.hardware import DeviceInfo
         dev = DeviceInfo("cuda", 0, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
-        r = _configs.resolve("rms_norm_fwd", dev, (4096, 1000), torch.bfloat16)
+        r = configs.resolve("rms_norm_fwd", dev, (4096, 1000), torch.bfloat16)
         print(r.source)
         print(_paths.shipped_cache_dir())
         """,
@@ -157,11 +157,11 @@ def test_installed_without_shipped_cache_folder_still_resolves(installed, tmp_pa
         """
         import warnings
         import torch
-        from liger_portable import _configs
-        from liger_portable._platform import DeviceInfo
+        from liger_portable import configs
+        from liger_portable.hardware import DeviceInfo
         warnings.simplefilter("error")
         dev = DeviceInfo("rocm", 0, "AMD Instinct MI300X", "gfx942", 64, 304, 1024, 65536)
-        print(_configs.resolve("rms_norm_bwd", dev, (4096, 1000), torch.bfloat16).source)
+        print(configs.resolve("rms_norm_bwd", dev, (4096, 1000), torch.bfloat16).source)
         """,
         tmp_path,
     )

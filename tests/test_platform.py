@@ -2,7 +2,7 @@
 
 No GPU is needed: ``torch.version``, ``torch.cuda`` and ``torch.xpu`` are monkeypatched so that the
 process looks like a CUDA, ROCm or XPU build with fake devices (``types.SimpleNamespace`` objects
-standing in for the driver's device properties). ``liger_portable._platform.reset()`` runs before
+standing in for the driver's device properties). ``liger_portable.hardware.reset()`` runs before
 and after every test so that the platform is detected again from the simulated build.
 """
 
@@ -15,9 +15,9 @@ import warnings
 import pytest
 import torch
 
-from liger_portable import _dispatch, _paths, _platform
-from liger_portable._configs import load_table, resolve
-from liger_portable._platform import (
+from liger_portable import _dispatch, _paths, hardware
+from liger_portable.configs import load_table, resolve
+from liger_portable.hardware import (
     ALL_BACKEND_OPTIONS,
     BACKEND_OPTIONS,
     BACKENDS,
@@ -25,7 +25,7 @@ from liger_portable._platform import (
     PlatformError,
     platform,
 )
-from liger_portable._specs import SPECS
+from liger_portable.specs import SPECS
 
 from conftest import problem_for
 
@@ -165,9 +165,9 @@ def fresh_platform(monkeypatch, tmp_path):
     shipped.mkdir()
     monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
     with _dispatch.simulate(None):  # no simulated device
-        _platform.reset()
+        hardware.reset()
         yield
-        _platform.reset()
+        hardware.reset()
 
 
 @pytest.fixture(params=sorted(VENDORS))
@@ -268,14 +268,14 @@ def test_cpu_build(monkeypatch):
     ],
 )
 def test_xpu_arch_from_name(name, arch):
-    assert _platform.xpu_arch(name) == arch
+    assert hardware.xpu_arch(name) == arch
 
 
 @pytest.mark.parametrize(
     "gcn, arch", [("gfx942:sramecc+:xnack-", "gfx942"), ("gfx90a:sramecc+:xnack-", "gfx90a"), ("gfx1100", "gfx1100")]
 )
 def test_rocm_arch_strips_target_features(gcn, arch):
-    assert _platform.rocm_arch(gcn) == arch
+    assert hardware.rocm_arch(gcn) == arch
 
 
 # --------------------------------------------------------------------------- lazy, memoized device facts
@@ -326,7 +326,7 @@ def test_reset_detects_again(monkeypatch):
     simulate(monkeypatch, "nvidia-h200")
     first = platform()
     assert platform() is first
-    _platform.reset()
+    hardware.reset()
     second = platform()
     assert second is not first and second.backend == "cuda"
 
@@ -468,7 +468,7 @@ def test_use_kernels_false_for_cpu_tensors_on_gpu_platform(monkeypatch):
 
 
 def test_use_kernels_true_for_cpu_tensors_under_simulate():
-    dev = _platform.DeviceInfo("cuda", 0, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
+    dev = hardware.DeviceInfo("cuda", 0, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
     with _dispatch.simulate(dev):
         assert _dispatch.use_kernels(torch.device("cpu")) is True
         assert _dispatch.device_info(torch.ones(1)) is dev

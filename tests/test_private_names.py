@@ -6,7 +6,7 @@ a name with a leading underscore from another module. Every ``.py`` file under `
 
 (a) ``from liger_portable.x import _y`` / ``from .x import _y`` / ``from benchlib import _y``: an
     imported name with a leading underscore (dunders are fine; so is a private *module*:
-    ``from liger_portable import _configs`` names a module, and renaming modules is a later step);
+    ``from liger_portable import _dispatch`` names a module);
 (b) ``m._y`` where ``m`` is bound to a module of the package (or a local script/test helper module)
     by an import anywhere in the file: ``import liger_portable.a.b as m``, ``from liger_portable.a
     import b as m``, ``from . import b``, ``import liger_portable`` (then ``liger_portable.a.b._y``,
@@ -17,8 +17,7 @@ a name with a leading underscore from another module. Every ``.py`` file under `
     ``m = importlib.import_module(f"liger_portable.ops.{name}")`` binds ``m`` to any module of
     ``liger_portable.ops`` (reported as ``liger_portable.ops.*``).
 
-A module's own names are fine. The only exceptions are reads into the ops modules that cannot be
-edited (their source hash versions the shipped autotune cache): ``FROZEN_READS`` below.
+A module's own names are fine; there are no exceptions.
 """
 
 from __future__ import annotations
@@ -30,35 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 ROOT = "liger_portable"
 PKG = REPO / ROOT
 FOLDERS = [REPO / "liger_portable", REPO / "scripts", REPO / "tests"]
-
-# The ops modules whose source must not change: their content hash versions the shipped autotune
-# cache (liger_portable/autotune_cache/), and re-tuning needs GPUs. Their private names stay
-# private, so the reads of them below stay until those modules are next edited (and re-tuned).
-FROZEN = {
-    f"{ROOT}.ops.{m}"
-    for m in ("rms_norm", "layer_norm", "glu", "rope", "cross_entropy", "fused_linear_cross_entropy", "_tiles")
-}
-
-# Allowed reads, as (reading file relative to the repository, module read, private name). ONLY
-# reads into the FROZEN modules belong here; a stale entry fails test_allow_list_is_current.
-FROZEN_READS: set[tuple[str, str, str]] = {
-    # The row kernels' tile helpers, imported by the frozen kernels themselves.
-    ("liger_portable/ops/rms_norm.py", f"{ROOT}.ops._tiles", "_load_tile"),
-    ("liger_portable/ops/rms_norm.py", f"{ROOT}.ops._tiles", "_store_tile"),
-    ("liger_portable/ops/layer_norm.py", f"{ROOT}.ops._tiles", "_load_tile"),
-    ("liger_portable/ops/layer_norm.py", f"{ROOT}.ops._tiles", "_store_tile"),
-    # conftest's `poison` fixture swaps each ops module's output allocator `_empty` for a NaN fill;
-    # every module of liger_portable.ops that defines `_empty` is frozen (checked below).
-    ("tests/conftest.py", f"{ROOT}.ops.*", "_empty"),
-    # Tests of the frozen kernels' internals: the FLCE chunk unit and config lookup, the row split
-    # of the LayerNorm backward, and the launchers of the RMSNorm forward and RoPE kernels.
-    ("tests/test_fused_linear_cross_entropy.py", f"{ROOT}.ops.fused_linear_cross_entropy", "_CHUNK_UNIT"),
-    ("tests/test_fused_linear_cross_entropy.py", f"{ROOT}.ops.fused_linear_cross_entropy", "_config"),
-    ("tests/test_layer_norm.py", f"{ROOT}.ops.layer_norm", "_split_row"),
-    ("tests/test_launch.py", f"{ROOT}.ops.rms_norm", "_launch_fwd"),
-    ("tests/test_rope.py", f"{ROOT}.ops.rope", "_launch_rope"),
-}
-
 
 def is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
@@ -236,66 +206,40 @@ def _check(source: str, path: str = "tests/test_x.py") -> list[tuple[str, str]]:
 
 def test_the_finder_sees_private_reads():
     """The finder flags what it must (a broken finder would pass the test below)."""
-    assert _check("from liger_portable._configs import _memo, resolve") == [("liger_portable._configs", "_memo")]
-    assert _check("from liger_portable import _configs\n_configs._memo.clear()") == [("liger_portable._configs", "_memo")]
-    assert _check("import liger_portable._configs as c\nc._memo") == [("liger_portable._configs", "_memo")]
+    assert _check("from liger_portable.configs import _memo, resolve") == [("liger_portable.configs", "_memo")]
+    assert _check("from liger_portable import configs\nconfigs._memo.clear()") == [("liger_portable.configs", "_memo")]
+    assert _check("import liger_portable.configs as c\nc._memo") == [("liger_portable.configs", "_memo")]
     assert _check("import liger_portable.ops.mlp\nliger_portable.ops.mlp._x") == [("liger_portable.ops.mlp", "_x")]
     assert _check("from liger_portable.ops import rms_norm as ops\nops._k") == [("liger_portable.ops.rms_norm", "_k")]
     assert _check("import importlib\nm = importlib.import_module('liger_portable.ops.rope')\nm._k") == [
         ("liger_portable.ops.rope", "_k")
     ]
-    assert _check("def t(monkeypatch):\n from liger_portable import _cache\n monkeypatch.setattr(_cache, '_x', 1)") == [
-        ("liger_portable._cache", "_x")
+    assert _check("def t(monkeypatch):\n from liger_portable import autotune_cache\n monkeypatch.setattr(autotune_cache, '_x', 1)") == [
+        ("liger_portable.autotune_cache", "_x")
     ]
-    assert _check("def t(monkeypatch):\n monkeypatch.setattr('liger_portable._cache._x', 1)") == [
-        ("liger_portable._cache", "_x")
+    assert _check("def t(monkeypatch):\n monkeypatch.setattr('liger_portable.autotune_cache._x', 1)") == [
+        ("liger_portable.autotune_cache", "_x")
     ]
-    assert _check("from unittest import mock\nfrom liger_portable import _configs\nmock.patch.object(_configs, '_c', 1)") == [
-        ("liger_portable._configs", "_c")
+    assert _check("from unittest import mock\nfrom liger_portable import configs\nmock.patch.object(configs, '_c', 1)") == [
+        ("liger_portable.configs", "_c")
     ]
     assert _check("from unittest import mock\nmock.patch('liger_portable.ops.mlp._c', 1)") == [("liger_portable.ops.mlp", "_c")]
     src = "import importlib\nfor n in ('a', 'b'):\n m = importlib.import_module(f'liger_portable.ops.{n}')\n m._e = 1"
     assert _check(src) == [("liger_portable.ops.*", "_e")]
     assert _check("from benchlib import _helper") == [("benchlib", "_helper")]
-    src = "from .._configs import _check_config\nfrom . import hooks\nhooks._y"
+    src = "from ..configs import _check_config\nfrom . import hooks\nhooks._y"
     assert _check(src, "liger_portable/tuning/search.py") == [
-        ("liger_portable._configs", "_check_config"),
+        ("liger_portable.configs", "_check_config"),
         ("liger_portable.tuning.hooks", "_y"),
     ]
     # fine: a private module, dunders, public names, a module's own names, other packages' names
-    assert _check("from liger_portable import _configs\n_configs.resolve\nliger_portable.__version__") == []
-    assert _check("import liger_portable\nliger_portable._configs.resolve\nliger_portable.__file__") == []
-    assert _check("from liger_portable._configs import _memo", "liger_portable/_configs.py") == []
+    assert _check("from liger_portable import _dispatch\n_dispatch.simulate\nliger_portable.__version__") == []
+    assert _check("import liger_portable\nliger_portable.configs.resolve\nliger_portable.__file__") == []
+    assert _check("from liger_portable.configs import _memo", "liger_portable/configs.py") == []
     assert _check("import torch\ntorch._dynamo\nx = object()\nx._y") == []
 
 
 def test_no_private_reads_across_modules():
     reads = private_reads()
-    bad = [f"{f}:{lines[0]} reads {mod}.{name}" for (f, mod, name), lines in sorted(reads.items())
-           if (f, mod, name) not in FROZEN_READS]
+    bad = [f"{f}:{lines[0]} reads {mod}.{name}" for (f, mod, name), lines in sorted(reads.items())]
     assert bad == [], "private names read from another module (make them public):\n" + "\n".join(bad)
-
-
-def defines(mod: str, name: str) -> bool:
-    """Whether module ``mod`` binds ``name`` at its top level (an assignment, def or class)."""
-    path = next(p for p in python_files() if module_name(p) == mod)
-    for node in ast.parse(path.read_text(), str(path)).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            return True
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return True
-    return False
-
-
-def test_allow_list_is_current():
-    """FROZEN_READS holds only reads into the frozen ops modules, and only reads that still exist."""
-    for _, mod, name in sorted(FROZEN_READS):
-        if mod.endswith(".*"):  # a read of any module of a package: all that define the name are frozen
-            holders = {m for m in KNOWN if m.rpartition(".")[0] == mod[:-2] and defines(m, name)}
-            assert holders and holders <= FROZEN, f"{mod}.{name} is defined in unfrozen {sorted(holders - FROZEN)}"
-        else:
-            assert mod in FROZEN, f"FROZEN_READS may list only reads into the frozen modules, not {mod}.{name}"
-            assert defines(mod, name), f"{mod} defines no {name}"
-    stale = sorted(FROZEN_READS - set(private_reads()))
-    assert stale == [], f"remove these from FROZEN_READS, the reads are gone: {stale}"

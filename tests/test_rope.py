@@ -303,12 +303,12 @@ class _Recorder:
 
 
 def _check_no_copy_and_layout(monkeypatch, device):
-    from liger_portable.ops import _launch as launch_ops
+    from liger_portable.ops import launching as launch_ops
     from liger_portable.ops import rope as rope_ops
 
     # The launcher holds the kernel; its cached direct path (GPU) would bypass the recorder.
-    rec = _Recorder(rope_ops._launch_rope.fn)
-    monkeypatch.setattr(rope_ops._launch_rope, "fn", rec)
+    rec = _Recorder(rope_ops.launch_rope.fn)
+    monkeypatch.setattr(rope_ops.launch_rope, "fn", rec)
     monkeypatch.setattr(launch_ops, "enabled", False)
     c = Case(2, 10, 4, 2, 64, "hf", cos_batch=2)
     qb, kb, cos, sin, _, _ = _inputs(c, torch.bfloat16, device)
@@ -383,7 +383,7 @@ def test_kernel_interpreter_search_space_points(poison, block_s, num_warps, head
     (the config is explicit, so one simulated device is enough). The head counts put the q/k boundary
     inside a group of heads (5 + 3 in pairs) and leave the last group part-empty (7 + 2 in fours)."""
     from conftest import SIMULATED_DEVICES
-    from liger_portable._configs import make_resolved
+    from liger_portable.configs import make_resolved
     from liger_portable import simulate
     from liger_portable.ops import rope as rope_ops
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import SIMULATED_DEVICES
-from liger_portable import _cache, _paths
-from liger_portable._configs import Limits, check_config, load_table
-from liger_portable._specs import SPECS
+from liger_portable import autotune_cache, _paths
+from liger_portable.configs import Limits, check_config, load_table
+from liger_portable.specs import SPECS
 
 FILES = sorted(Path(_paths.shipped_cache_dir()).glob("*.json"))
 # Device model of each shipped file -> the simulated device with its limits (tests/conftest.py).
@@ -30,10 +30,10 @@ def test_files_are_shipped():
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_shipped_file_is_well_formed_legal_and_current(path):
     data = json.loads(path.read_text())
-    assert data["format"] == _cache.FORMAT
+    assert data["format"] == autotune_cache.FORMAT
     device = DEVICES[data["device"]]
     assert path.stem == device.model_slug, "the file name must be the device model's slug"
-    entries = _cache.parse(path)
+    entries = autotune_cache.parse(path)
     assert entries, "a shipped file with no entries"
     table, limits = load_table(device.backend), Limits.of(device)
     stale = []

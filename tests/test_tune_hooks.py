@@ -19,12 +19,12 @@ import torch.nn.functional as F
 
 import liger_portable
 from conftest import SIMULATED_DEVICES, TOL, rel_err
-from liger_portable import _cache, _paths, _platform, fallback
+from liger_portable import autotune_cache, _paths, hardware, fallback
 from liger_portable.tuning import hooks as _tune_hooks
 from liger_portable.tuning import runtime, search, timing
-from liger_portable._configs import ENV_AUTOTUNE, Resolved, make_resolved, resolve
-from liger_portable._platform import DeviceInfo
-from liger_portable._specs import SPECS
+from liger_portable.configs import ENV_AUTOTUNE, Resolved, make_resolved, resolve
+from liger_portable.hardware import DeviceInfo
+from liger_portable.specs import SPECS
 from liger_portable.ops import cross_entropy as ce_ops
 from liger_portable.ops import fused_linear_cross_entropy as flce_ops
 from liger_portable.ops import glu as glu_ops
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.interpreter
 
 EPS = _tune_hooks.EPS
 DEVICE_NAMES = sorted(SIMULATED_DEVICES)
-from liger_portable.ops import _launch as launch_ops  # noqa: E402
+from liger_portable.ops import launching as launch_ops  # noqa: E402
 from liger_portable.ops import _problem as problem_module  # noqa: E402
 
 OPS_MODULES = (rms_ops, ln_ops, glu_ops, rope_ops, ce_ops, flce_ops)
@@ -77,12 +77,12 @@ def private_cache(monkeypatch, tmp_path):
     shipped.mkdir()
     monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
     runtime.reset_hooks()
-    _platform.reset()
+    hardware.reset()
     runtime.reset_runtime()
     yield
     runtime.reset_runtime()
     runtime.reset_hooks()
-    _platform.reset()
+    hardware.reset()
 
 
 # --------------------------------------------------------------------------- references (float64)
@@ -272,7 +272,7 @@ def test_hook_launches_exactly_the_config_and_tune_records(kernel, simulated_dev
     cands = search.candidates(kernel, dev, named)
     assert [r.config.to_dict() for r in seen] == [search.default_config(kernel, dev, named), *cands]
     assert res.source == "search" and res.config == cands[1] and res.time_ms == 0.6 and res.default_ms == 1.0
-    entry = _cache.lookup_entry(SPECS[kernel], dev, named, dtype)
+    entry = autotune_cache.lookup_entry(SPECS[kernel], dev, named, dtype)
     assert entry is not None and entry["config"] == cands[1] and entry["time_ms"] == 0.6
 
     # run(resolved) hands the op that very Resolved
@@ -461,7 +461,7 @@ def test_candidates_skip_equivalent_configs(simulated_device):
     assert tuple(sorted(spec.equivalent(base, named).items())) not in forms
     wide = [(c["BLOCK_M"], c["num_warps"], c["num_stages"]) for c in cands if c["BLOCK_N"] >= 128]
     assert len(wide) == len(set(wide)), "two candidates differ only in a column block wider than the row"
-    from liger_portable._configs import Limits, load_table, search_configs
+    from liger_portable.configs import Limits, load_table, search_configs
 
     points = search_configs(load_table("cuda"), simulated_device.arch, "swiglu_fwd", Limits.of(simulated_device))
     assert any(p.get("BLOCK_N", 0) >= 256 for p in points)  # the search space has blocks to collapse
@@ -472,8 +472,8 @@ def test_candidates_hold_at_most_max_values_a_thread(simulated_device):
     """No candidate holds more than MAX_VALUES_PER_THREAD values of a tensor per thread (such tiles
     spill and compile for seconds), every table default stays within it too, and the bound does
     prune: at 8192 columns the row-norm backward's 16-row tiles are not timed."""
-    from liger_portable._compile_matrix import problems
-    from liger_portable._specs import MAX_VALUES_PER_THREAD
+    from liger_portable.compile_matrix import problems
+    from liger_portable.specs import MAX_VALUES_PER_THREAD
 
     dev = simulated_device
     for kernel, spec in SPECS.items():

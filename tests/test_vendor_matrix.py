@@ -124,9 +124,9 @@ def test_descriptions_cover_every_kernel_argument():
     """Each description names every argument of its jit function, with the config's constexprs."""
     import inspect
 
-    from liger_portable import _compile_matrix as cm
-    from liger_portable._configs import load_table, table_config
-    from liger_portable._specs import SPECS
+    from liger_portable import compile_matrix as cm
+    from liger_portable.configs import load_table, table_config
+    from liger_portable.specs import SPECS
 
     assert set(cm.DESCRIPTIONS) <= set(SPECS)
     for name in cm.DESCRIPTIONS:
@@ -145,9 +145,9 @@ def test_descriptions_cover_every_kernel_argument():
 def test_ci_matrix_reaches_every_rule_a_row_length_can():
     """CI compiles a few row lengths, plus each rule's own bound: every rule that some row length
     (probed from 16 to 131072 columns) selects is among CI's compiles, for every target."""
-    from liger_portable import _compile_matrix as cm
-    from liger_portable._configs import load_table, table_config
-    from liger_portable._specs import SPECS
+    from liger_portable import compile_matrix as cm
+    from liger_portable.configs import load_table, table_config
+    from liger_portable.specs import SPECS
 
     vm = _load_script()
     probe = [16, 128, 256, 300, 512, 1000, 1024, 1536, 2048, 2880, 3072, 4096, 5000, 5120, 6144, 8192,

@@ -1,5 +1,5 @@
 """Triton kernels, one module per kernel family: its ``@triton.jit`` kernels, launch plans, specs
-(registered in :data:`liger_portable._specs.SPECS`), tuning and compile examples, and its autograd op.
+(registered in :data:`liger_portable.specs.SPECS`), tuning and compile examples, and its autograd op.
 Importing this package needs Triton and registers every family, in this order;
 :mod:`liger_portable.functional` imports it only when Triton is installed."""
 

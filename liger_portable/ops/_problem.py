@@ -7,8 +7,8 @@ from typing import Mapping
 import torch
 
 from .. import _dispatch
-from .._configs import Resolved, make_resolved, table_default
-from .._platform import DeviceInfo
+from ..configs import Resolved, make_resolved, table_default
+from ..hardware import DeviceInfo
 
 
 def torch_device(device: DeviceInfo) -> torch.device:

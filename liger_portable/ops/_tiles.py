@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from .._specs import next_pow2
+from ..specs import next_pow2
 
 
 def block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
@@ -14,14 +14,14 @@ def block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
 
 
 @triton.jit
-def _load_tile(P, stride, rows, cols, n_rows, n_cols):
+def load_tile(P, stride, rows, cols, n_rows, n_cols):
     """The ``rows x cols`` tile of a row-major tensor (int64 row offsets), 0 outside the tensor."""
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
-def _store_tile(P, stride, rows, cols, n_rows, n_cols, value):
+def store_tile(P, stride, rows, cols, n_rows, n_cols, value):
     """Store ``value`` (cast to P's dtype) into the ``rows x cols`` tile, inside the tensor only."""
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     tl.store(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], value.to(P.dtype.element_ty), mask=mask)

@@ -29,13 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved
+from ..configs import Resolved
 from .._dispatch import device_info
-from .._specs import BLOCK_V, IGNORE_INDEX, KernelSpec, register, rows_cols_bucket
-from ._launch import Launcher, plan, split_launch
+from ..specs import BLOCK_V, IGNORE_INDEX, KernelSpec, register, rows_cols_bucket
+from .launching import Launcher, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
-_empty = torch.empty
+empty = torch.empty
 
 
 @triton.jit
@@ -157,9 +157,9 @@ def _scale_flat_kernel(G, S, n, BLOCK: tl.constexpr):
         tl.store(G + offs, (g * s).to(G.dtype.element_ty), mask=mask)
 
 
-_launch_ce = Launcher(_ce_kernel)
-_launch_scale_rows = Launcher(_scale_rows_kernel)
-_launch_scale_flat = Launcher(_scale_flat_kernel)
+launch_ce = Launcher(_ce_kernel)
+launch_scale_rows = Launcher(_scale_rows_kernel)
+launch_scale_flat = Launcher(_scale_flat_kernel)
 
 
 class _Plan:
@@ -232,13 +232,13 @@ def ce_rows(
     if out is not None:
         loss, z = out
     else:
-        loss = _empty((n_rows,), dtype=torch.float32, device=logits.device)
-        z = _empty((n_rows,), dtype=torch.float32, device=logits.device) if has_z else None
+        loss = empty((n_rows,), dtype=torch.float32, device=logits.device)
+        z = empty((n_rows,), dtype=torch.float32, device=logits.device) if has_z else None
     if grad is None:
         grad = logits
     if n_rows == 0:
         return loss, z
-    _launch_ce(
+    launch_ce(
         p.grid,
         (
             logits, logits.stride(0), grad, grad.stride(0), target, loss, z if has_z else loss,
@@ -263,10 +263,10 @@ def scale_rows_(g: torch.Tensor, s: torch.Tensor, config: Resolved | None = None
     s = s.reshape(-1)
     if s.numel() == 1 and g.is_contiguous():
         grid, consts, opts = p.flat
-        _launch_scale_flat(grid, (g, s, g.numel()), consts, opts)
+        launch_scale_flat(grid, (g, s, g.numel()), consts, opts)
         return g
     grid, consts, opts = p.rows
-    _launch_scale_rows(grid, (g, g.stride(0), s, 0 if s.numel() == 1 else s.stride(0), n_cols), consts, opts)
+    launch_scale_rows(grid, (g, g.stride(0), s, 0 if s.numel() == 1 else s.stride(0), n_cols), consts, opts)
     return g
 
 
@@ -333,7 +333,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             scale = mean_scale(target, ignore_index) if reduction == "mean" else None
             grad = None
             if want_grad:
-                grad = logits if inplace else _empty(logits.shape, dtype=logits.dtype, device=logits.device)
+                grad = logits if inplace else empty(logits.shape, dtype=logits.dtype, device=logits.device)
             loss_rows, z_rows = ce_rows(
                 logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
                 lse_square_scale=lse_square_scale, softcap=softcap,

@@ -37,25 +37,25 @@ from typing import Optional
 
 import torch
 
-from .._configs import Resolved
+from ..configs import Resolved
 from .._dispatch import device_info
 from ..fallback.cross_entropy import chunk_rows
-from .._specs import BLOCK_V, IGNORE_INDEX, KernelSpec, Param, flce_bucket, register
-from ._launch import plan
+from ..specs import BLOCK_V, IGNORE_INDEX, KernelSpec, Param, flce_bucket, register
+from .launching import plan
 from .cross_entropy import ce_rows, mean_scale, scale_rows_
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
-_empty = torch.empty
+empty = torch.empty
 
 # Bytes in one CHUNK_MIB unit; the tests lower it to get several chunks out of a tiny problem.
-_CHUNK_UNIT = 2**20
+CHUNK_UNIT = 2**20
 
 
 def _resolved(cfg: Resolved, dev, *problem) -> Resolved:
     return cfg
 
 
-def _config(hidden, weight, config, dev=None):
+def config_for(hidden, weight, config, dev=None):
     """The resolved config (``config`` where given), memoized per problem like a launch plan: the
     chunk loop's launches take it as their explicit config."""
     if config is not None:
@@ -70,7 +70,7 @@ def _chunks(hidden, weight, cfg, chunk_mib=None):
     """Rows per chunk and the ``(start, end)`` of each: ``chunk_mib`` (else the config's
     ``CHUNK_MIB``) MiB of logits per chunk."""
     n_rows, n_cols = hidden.shape[0], weight.shape[0]
-    step = chunk_rows(n_cols, hidden.element_size(), (chunk_mib or cfg.meta["CHUNK_MIB"]) * _CHUNK_UNIT)
+    step = chunk_rows(n_cols, hidden.element_size(), (chunk_mib or cfg.meta["CHUNK_MIB"]) * CHUNK_UNIT)
     step = max(1, min(step, n_rows))
     return step, [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
 
@@ -150,18 +150,18 @@ def flce_fwd(
     :class:`~liger_portable.DeviceInfo` of ``hidden`` where the caller knows it.
     """
     dev = dev or device_info(hidden)
-    cfg = _config(hidden, weight, config, dev)
+    cfg = config_for(hidden, weight, config, dev)
     n_rows, n_cols = hidden.shape[0], weight.shape[0]
     want_h, want_w, want_b = want
     want_b = want_b and bias is not None
     grads = reduction != "none" and (want_h or want_w or want_b)
     scale = mean_scale(target, ignore_index) if reduction == "mean" else None
-    gh = _empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if grads and want_h else None
-    gw = _empty(weight.shape, dtype=weight.dtype, device=weight.device) if grads and want_w else None
-    gb = _empty(bias.shape, dtype=bias.dtype, device=bias.device) if grads and want_b else None
-    gb32 = _empty(bias.shape, dtype=torch.float32, device=bias.device) if gb is not None else None
-    loss_rows = _empty((n_rows,), dtype=torch.float32, device=hidden.device)
-    z_rows = _empty((n_rows,), dtype=torch.float32, device=hidden.device) if lse_square_scale != 0.0 else None
+    gh = empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if grads and want_h else None
+    gw = empty(weight.shape, dtype=weight.dtype, device=weight.device) if grads and want_w else None
+    gb = empty(bias.shape, dtype=bias.dtype, device=bias.device) if grads and want_b else None
+    gb32 = empty(bias.shape, dtype=torch.float32, device=bias.device) if gb is not None else None
+    loss_rows = empty((n_rows,), dtype=torch.float32, device=hidden.device)
+    z_rows = empty((n_rows,), dtype=torch.float32, device=hidden.device) if lse_square_scale != 0.0 else None
     if n_rows == 0:
         return loss_rows, z_rows, gh, gw, gb
     # bf16 / fp32: the kernel writes the finished gradient (1/count for the mean included).
@@ -174,7 +174,7 @@ def flce_fwd(
         grad_scale, kernel_scale = _HALF_GRAD_SCALE, None
         alpha = 1.0 / (_HALF_GRAD_SCALE * (n_rows if reduction == "mean" else 1))
     step, chunks = _chunks(hidden, weight, cfg, chunk_mib)
-    buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
+    buf = empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
     for i, (s, e) in enumerate(chunks):
         hc, tc, out = _chunk(hidden, target, (loss_rows, z_rows), s, e)
         logits = _logits(buf, hc, weight, bias)
@@ -199,17 +199,17 @@ def flce_bwd_recompute(
     """Backward of ``reduction="none"``: recompute each chunk's logits and write the gradients of
     ``sum(dloss_rows * loss_rows)``. Returns ``(grad_hidden, grad_weight, grad_bias)``."""
     dev = dev or device_info(hidden)
-    cfg = _config(hidden, weight, config, dev)
+    cfg = config_for(hidden, weight, config, dev)
     n_cols = weight.shape[0]
     want_h, want_w, want_b = want
     want_b = want_b and bias is not None
-    gh = _empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if want_h else None
-    gw = _empty(weight.shape, dtype=weight.dtype, device=weight.device) if want_w else None
-    gb = _empty(bias.shape, dtype=bias.dtype, device=bias.device) if want_b else None
+    gh = empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if want_h else None
+    gw = empty(weight.shape, dtype=weight.dtype, device=weight.device) if want_w else None
+    gb = empty(bias.shape, dtype=bias.dtype, device=bias.device) if want_b else None
     if hidden.shape[0] == 0:
         return gh, None if gw is None else gw.zero_(), None if gb is None else gb.zero_()
     dloss_rows = dloss_rows.reshape(-1).to(torch.float32).contiguous()
-    gb32 = _empty(bias.shape, dtype=torch.float32, device=bias.device) if gb is not None else None
+    gb32 = empty(bias.shape, dtype=torch.float32, device=bias.device) if gb is not None else None
     # fp16: the per-token factors (e.g. 1/count from a hand-written mean) are divided by their
     # largest magnitude m and the kernel writes _HALF_GRAD_SCALE x the gradient with those; the
     # matmuls scale back by alpha, and m (a device tensor: no host sync) is applied at the end.
@@ -220,7 +220,7 @@ def flce_bwd_recompute(
         dloss_rows = dloss_rows * (_HALF_GRAD_SCALE / peak)
         alpha = 1.0 / _HALF_GRAD_SCALE
     step, chunks = _chunks(hidden, weight, cfg, chunk_mib)
-    buf = _empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
+    buf = empty((step, n_cols), dtype=hidden.dtype, device=hidden.device)
     for i, (s, e) in enumerate(chunks):
         hc, tc, _ = _chunk(hidden, target, None, s, e)
         logits = _logits(buf, hc, weight, bias)

@@ -32,13 +32,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved
+from ..configs import Resolved
 from .._dispatch import device_info
-from .._specs import elementwise_spec, next_pow2, register
-from ._launch import Launcher, plan, split_launch
+from ..specs import elementwise_spec, next_pow2, register
+from .launching import Launcher, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
-_empty = torch.empty
+empty = torch.empty
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 # Kernel spec (table entry) names per activation: the two share the source, not the tuned configs.
@@ -105,8 +105,8 @@ def _glu_bwd_kernel(
     tl.store(DB + rows64 * stride_db + cols[None, :], (dc * act_r).to(DB.dtype.element_ty), mask=mask)
 
 
-_launch_fwd = Launcher(_glu_fwd_kernel)
-_launch_bwd = Launcher(_glu_bwd_kernel)
+launch_fwd = Launcher(_glu_fwd_kernel)
+launch_bwd = Launcher(_glu_bwd_kernel)
 
 
 def _planner(act: str):
@@ -141,8 +141,8 @@ def glu_fwd(
     n_rows, n_cols = a.shape
     kernel, build = _PLANS[act][0]
     grid, consts, opts = plan(kernel, dev or device_info(a), (n_cols, n_rows), a.dtype, build, config)
-    c = _empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
-    _launch_fwd(grid, (a, b, c, a.stride(0), b.stride(0), c.stride(0), n_rows, n_cols), consts, opts)
+    c = empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
+    launch_fwd(grid, (a, b, c, a.stride(0), b.stride(0), c.stride(0), n_rows, n_cols), consts, opts)
     return c
 
 
@@ -164,9 +164,9 @@ def glu_bwd(
     if inplace:
         da, db = a, b
     else:
-        da = _empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
-        db = _empty((n_rows, n_cols), dtype=b.dtype, device=b.device)
-    _launch_bwd(
+        da = empty((n_rows, n_cols), dtype=a.dtype, device=a.device)
+        db = empty((n_rows, n_cols), dtype=b.dtype, device=b.device)
+    launch_bwd(
         grid, (dc, a, b, da, db, dc.stride(0), a.stride(0), b.stride(0), da.stride(0), db.stride(0), n_rows, n_cols),
         consts, opts,
     )

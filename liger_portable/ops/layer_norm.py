@@ -31,14 +31,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved
+from ..configs import Resolved
 from .._dispatch import device_info
-from .._specs import EPS, next_pow2, register, row_norm_specs
-from ._launch import Launcher, plan, split_launch
-from ._tiles import _load_tile, _store_tile, block_n
+from ..specs import EPS, next_pow2, register, row_norm_specs
+from .launching import Launcher, plan, split_launch
+from ._tiles import load_tile, store_tile, block_n
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
-_empty = torch.empty
+empty = torch.empty
 
 
 @triton.jit
@@ -125,24 +125,24 @@ def _layer_norm_bwd_kernel(
         dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-        x = _load_tile(X, stride_x, rows, cols, n_rows, n_cols)
-        dy = _load_tile(DY, stride_dy, rows, cols, n_rows, n_cols)
+        x = load_tile(X, stride_x, rows, cols, n_rows, n_cols)
+        dy = load_tile(DY, stride_dy, rows, cols, n_rows, n_cols)
         if TAIL_N > 0:
             tcols = BLOCK_N + tl.arange(0, TAIL_N)
             wt = tl.load(W + tcols, mask=tcols < n_cols, other=0.0).to(tl.float32)
             dwt = tl.zeros([BLOCK_M, TAIL_N], dtype=tl.float32)
             dbt = tl.zeros([BLOCK_M, TAIL_N], dtype=tl.float32)
-            xt = _load_tile(X, stride_x, rows, tcols, n_rows, n_cols)
-            dyt = _load_tile(DY, stride_dy, rows, tcols, n_rows, n_cols)
+            xt = load_tile(X, stride_x, rows, tcols, n_rows, n_cols)
+            dyt = load_tile(DY, stride_dy, rows, tcols, n_rows, n_cols)
         mean = tl.load(MEAN + rows, mask=rows < n_rows, other=0.0)
         rstd = tl.load(RSTD + rows, mask=rows < n_rows, other=0.0)
         for block in range(pid, n_blocks, n_programs):
             nxt = rows + n_programs * BLOCK_M  # beyond n_rows after the last block: loads nothing
-            x_n = _load_tile(X, stride_x, nxt, cols, n_rows, n_cols)
-            dy_n = _load_tile(DY, stride_dy, nxt, cols, n_rows, n_cols)
+            x_n = load_tile(X, stride_x, nxt, cols, n_rows, n_cols)
+            dy_n = load_tile(DY, stride_dy, nxt, cols, n_rows, n_cols)
             if TAIL_N > 0:
-                xt_n = _load_tile(X, stride_x, nxt, tcols, n_rows, n_cols)
-                dyt_n = _load_tile(DY, stride_dy, nxt, tcols, n_rows, n_cols)
+                xt_n = load_tile(X, stride_x, nxt, tcols, n_rows, n_cols)
+                dyt_n = load_tile(DY, stride_dy, nxt, tcols, n_rows, n_cols)
             mean_n = tl.load(MEAN + nxt, mask=nxt < n_rows, other=0.0)
             rstd_n = tl.load(RSTD + nxt, mask=nxt < n_rows, other=0.0)
 
@@ -167,9 +167,9 @@ def _layer_norm_bwd_kernel(
                     dbt += dytf
             c1 = c1 / n_cols
             c2 = c2 / n_cols
-            _store_tile(DX, stride_dx, rows, cols, n_rows, n_cols, _dx_tile(xf, dyf, w, mean, rstd, c1, c2))
+            store_tile(DX, stride_dx, rows, cols, n_rows, n_cols, _dx_tile(xf, dyf, w, mean, rstd, c1, c2))
             if TAIL_N > 0:
-                _store_tile(DX, stride_dx, rows, tcols, n_rows, n_cols, _dx_tile(xtf, dytf, wt, mean, rstd, c1, c2))
+                store_tile(DX, stride_dx, rows, tcols, n_rows, n_cols, _dx_tile(xtf, dytf, wt, mean, rstd, c1, c2))
                 xt = xt_n
                 dyt = dyt_n
             rows = nxt
@@ -195,8 +195,8 @@ def _layer_norm_bwd_kernel(
             acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for start in range(0, n_cols, BLOCK_N):
                 cc = start + cols
-                x = _load_tile(X, stride_x, rows, cc, n_rows, n_cols).to(tl.float32)
-                dy = _load_tile(DY, stride_dy, rows, cc, n_rows, n_cols).to(tl.float32)
+                x = load_tile(X, stride_x, rows, cc, n_rows, n_cols).to(tl.float32)
+                dy = load_tile(DY, stride_dy, rows, cc, n_rows, n_cols).to(tl.float32)
                 g = dy * tl.load(W + cc, mask=cc < n_cols, other=0.0).to(tl.float32)[None, :]
                 acc1 += g * ((x - mean[:, None]) * rstd[:, None])
                 acc2 += g
@@ -205,10 +205,10 @@ def _layer_norm_bwd_kernel(
             for start in range(0, n_cols, BLOCK_N):
                 cc = start + cols
                 col_mask = cc < n_cols
-                x = _load_tile(X, stride_x, rows, cc, n_rows, n_cols).to(tl.float32)
-                dy = _load_tile(DY, stride_dy, rows, cc, n_rows, n_cols).to(tl.float32)
+                x = load_tile(X, stride_x, rows, cc, n_rows, n_cols).to(tl.float32)
+                dy = load_tile(DY, stride_dy, rows, cc, n_rows, n_cols).to(tl.float32)
                 w = tl.load(W + cc, mask=col_mask, other=0.0).to(tl.float32)
-                _store_tile(DX, stride_dx, rows, cc, n_rows, n_cols, _dx_tile(x, dy, w, mean, rstd, c1, c2))
+                store_tile(DX, stride_dx, rows, cc, n_rows, n_cols, _dx_tile(x, dy, w, mean, rstd, c1, c2))
                 xhat = (x - mean[:, None]) * rstd[:, None]
                 part = tl.load(dw_row + cc, mask=col_mask, other=0.0)
                 tl.store(dw_row + cc, part + tl.sum(dy * xhat, axis=0), mask=col_mask)
@@ -217,7 +217,7 @@ def _layer_norm_bwd_kernel(
                     tl.store(db_row + cc, part_b + tl.sum(dy, axis=0), mask=col_mask)
 
 
-def _split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
+def split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
     """``(BLOCK_N, TAIL_N, SINGLE_PASS)`` for a row of ``n_cols``.
 
     A row up to ``block_n_max`` is held in registers as one power-of-two tile, or, when that would
@@ -234,8 +234,8 @@ def _split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
     return block, 0, True
 
 
-_launch_fwd = Launcher(_layer_norm_fwd_kernel)
-_launch_bwd = Launcher(_layer_norm_bwd_kernel)
+launch_fwd = Launcher(_layer_norm_fwd_kernel)
+launch_bwd = Launcher(_layer_norm_bwd_kernel)
 
 
 def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
@@ -249,7 +249,7 @@ def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
 
 def _bwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
     """(grid, constexprs without and with a bias, launch options, single pass) of the backward."""
-    block_n, tail_n, single = _split_row(n_cols, cfg.meta["BLOCK_N_MAX"])
+    block_n, tail_n, single = split_row(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
     n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
     consts, opts = split_launch(cfg)
@@ -271,10 +271,10 @@ def layer_norm_fwd(
     """
     n_rows, n_cols = x.shape
     grid, by_bias, opts = plan("layer_norm_fwd", dev or device_info(x), (n_cols, n_rows), x.dtype, _fwd_plan, config)
-    y = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    mean = _empty((n_rows,), dtype=torch.float32, device=x.device)
-    rstd = _empty((n_rows,), dtype=torch.float32, device=x.device)
-    _launch_fwd(
+    y = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    mean = empty((n_rows,), dtype=torch.float32, device=x.device)
+    rstd = empty((n_rows,), dtype=torch.float32, device=x.device)
+    launch_fwd(
         grid,
         (x, y, weight, weight if bias is None else bias, mean, rstd, x.stride(0), y.stride(0), n_rows, n_cols, eps),
         by_bias[bias is not None], opts,
@@ -300,10 +300,10 @@ def layer_norm_bwd(
     )
     has_bias = bias is not None
     width = 2 * n_cols if has_bias else n_cols
-    dx = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    alloc = _empty if single else torch.zeros
+    dx = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    alloc = empty if single else torch.zeros
     partial = alloc((grid[0], width), dtype=torch.float32, device=x.device)
-    _launch_bwd(
+    launch_bwd(
         grid,
         (
             dy, x, weight, mean, rstd, dx, partial,

@@ -27,14 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved
+from ..configs import Resolved
 from .._dispatch import device_info
-from .._specs import EPS, register, row_norm_specs
-from ._launch import Launcher, plan, split_launch
-from ._tiles import _load_tile, _store_tile, block_n
+from ..specs import EPS, register, row_norm_specs
+from .launching import Launcher, plan, split_launch
+from ._tiles import load_tile, store_tile, block_n
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
-_empty = torch.empty
+empty = torch.empty
 
 
 @triton.jit
@@ -124,17 +124,17 @@ def _rms_norm_bwd_kernel(
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
         dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-        x = _load_tile(X, stride_x, rows, cols, n_rows, n_cols)
-        dy = _load_tile(DY, stride_dy, rows, cols, n_rows, n_cols)
+        x = load_tile(X, stride_x, rows, cols, n_rows, n_cols)
+        dy = load_tile(DY, stride_dy, rows, cols, n_rows, n_cols)
         if HAS_DSUM:
-            ds = _load_tile(DS, stride_ds, rows, cols, n_rows, n_cols)
+            ds = load_tile(DS, stride_ds, rows, cols, n_rows, n_cols)
         rstd = tl.load(RSTD + rows, mask=rows < n_rows, other=0.0)
         for block in range(pid, n_blocks, n_programs):
             nxt = rows + n_programs * BLOCK_M  # beyond n_rows after the last block: loads nothing
-            x_n = _load_tile(X, stride_x, nxt, cols, n_rows, n_cols)
-            dy_n = _load_tile(DY, stride_dy, nxt, cols, n_rows, n_cols)
+            x_n = load_tile(X, stride_x, nxt, cols, n_rows, n_cols)
+            dy_n = load_tile(DY, stride_dy, nxt, cols, n_rows, n_cols)
             if HAS_DSUM:
-                ds_n = _load_tile(DS, stride_ds, nxt, cols, n_rows, n_cols)
+                ds_n = load_tile(DS, stride_ds, nxt, cols, n_rows, n_cols)
             rstd_n = tl.load(RSTD + nxt, mask=nxt < n_rows, other=0.0)
             dyf = dy.to(tl.float32)
             xhat = x.to(tl.float32) * rstd[:, None]
@@ -144,7 +144,7 @@ def _rms_norm_bwd_kernel(
             if HAS_DSUM:
                 dx += ds.to(tl.float32)
                 ds = ds_n
-            _store_tile(DX, stride_dx, rows, cols, n_rows, n_cols, dx)
+            store_tile(DX, stride_dx, rows, cols, n_rows, n_cols, dx)
             if not GEMMA:
                 xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
             dw += dyf * xhat
@@ -191,8 +191,8 @@ def _rms_norm_bwd_kernel(
                 tl.store(dw_row + cc, part + tl.sum(dy * xhat, axis=0), mask=col_mask)
 
 
-_launch_fwd = Launcher(_rms_norm_fwd_kernel)
-_launch_bwd = Launcher(_rms_norm_bwd_kernel)
+launch_fwd = Launcher(_rms_norm_fwd_kernel)
+launch_bwd = Launcher(_rms_norm_bwd_kernel)
 
 
 def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
@@ -242,15 +242,15 @@ def fused_add_rms_norm_fwd(
 def _fwd(kernel, x, residual, weight, eps, offset, gemma, config, dev):
     n_rows, n_cols = x.shape
     grid, consts, opts = plan(kernel, dev or device_info(x), (n_cols, n_rows), x.dtype, _fwd_plan, config)
-    y = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    rstd = _empty((n_rows,), dtype=torch.float32, device=x.device)
+    y = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    rstd = empty((n_rows,), dtype=torch.float32, device=x.device)
     if residual is None:
         s = None
         kwargs = {**consts, "GEMMA": gemma}
     else:
-        s = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)  # the row stride of y
+        s = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)  # the row stride of y
         kwargs = {**consts, "GEMMA": gemma, "R": residual, "stride_r": residual.stride(0), "S": s, "HAS_RESIDUAL": True}
-    _launch_fwd(grid, (x, y, weight, rstd, x.stride(0), y.stride(0), n_rows, n_cols, eps, offset), kwargs, opts)
+    launch_fwd(grid, (x, y, weight, rstd, x.stride(0), y.stride(0), n_rows, n_cols, eps, offset), kwargs, opts)
     return y, s, rstd
 
 
@@ -284,8 +284,8 @@ def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev):
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
     grid, consts, opts, single = plan(kernel, dev or device_info(x), (n_cols, n_rows), x.dtype, _bwd_plan, config)
-    dx = _empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    alloc = _empty if single else torch.zeros
+    dx = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    alloc = empty if single else torch.zeros
     dw_partial = alloc((grid[0], n_cols), dtype=torch.float32, device=x.device)
     if ds is None:
         kwargs = {**consts, "GEMMA": gemma}
@@ -293,7 +293,7 @@ def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev):
         if ds.stride(-1) != 1:
             ds = ds.contiguous()
         kwargs = {**consts, "GEMMA": gemma, "DS": ds, "stride_ds": ds.stride(0), "HAS_DSUM": True}
-    _launch_bwd(
+    launch_bwd(
         grid, (dy, x, weight, rstd, dx, dw_partial, dy.stride(0), x.stride(0), dx.stride(0), n_rows, n_cols, offset),
         kwargs, opts,
     )

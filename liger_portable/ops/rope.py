@@ -41,13 +41,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .._configs import Resolved
+from ..configs import Resolved
 from .._dispatch import device_info
-from .._specs import KernelSpec, Param, next_pow2, register, rope_bucket
-from ._launch import Launcher, plan, split_launch
+from ..specs import KernelSpec, Param, next_pow2, register, rope_bucket
+from .launching import Launcher, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
-_empty = torch.empty
+empty = torch.empty
 
 
 @triton.jit
@@ -126,7 +126,7 @@ def _last_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
-_launch_rope = Launcher(_rope_kernel)
+launch_rope = Launcher(_rope_kernel)
 
 
 def _plan(cfg: Resolved, dev, head_dim: int, n_heads: int, seq_len: int) -> tuple:
@@ -150,8 +150,8 @@ def _launch(
     batch, _, seq_len, head_dim = ref.shape
     n_a = a.shape[1] if a is not None else 0
     n_b = b.shape[1] if b is not None else 0
-    ao = out_like(a, _empty) if a is not None else None
-    bo = out_like(b, _empty) if b is not None else None
+    ao = out_like(a, empty) if a is not None else None
+    bo = out_like(b, empty) if b is not None else None
     n_heads = n_a + n_b
     if n_heads == 0 or seq_len == 0 or batch == 0:
         return ao, bo
@@ -163,7 +163,7 @@ def _launch(
     kb, kbo = (b, bo) if b is not None else (a, ao)
     cb = cos.stride(0) if cos.shape[0] > 1 else 0
     sb = sin.stride(0) if sin.shape[0] > 1 else 0
-    _launch_rope(
+    launch_rope(
         (batch * per_batch,),
         (
             qa, kb, qao, kbo, cos, sin,

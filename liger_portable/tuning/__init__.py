@@ -1,6 +1,6 @@
 """Tuning launch configs: time the search space, keep the fastest, never one slower than the table.
 
-The tuning layer sits above the config lookup (:mod:`liger_portable._configs`) and the kernels
+The tuning layer sits above the config lookup (:mod:`liger_portable.configs`) and the kernels
 (:mod:`liger_portable.ops`); the lookup never imports it. Split by job:
 
 * :mod:`~liger_portable.tuning.timing`: :func:`do_bench_ms` (eager or CUDA-graph timing) and

@@ -9,7 +9,7 @@ T = TypeVar("T")
 
 
 def _current_model() -> str:
-    from .._platform import platform
+    from ..hardware import platform
 
     p = platform()
     return p.device().model_slug if p.backend != "cpu" else "cpu"

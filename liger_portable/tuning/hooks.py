@@ -1,6 +1,6 @@
 """Tuning hooks: for each kernel, inputs of one problem and a timed launch with an explicit config.
 
-One hook per kernel spec (:data:`HOOKS`, the keys of :data:`liger_portable._specs.SPECS`), with
+One hook per kernel spec (:data:`HOOKS`, the keys of :data:`liger_portable.specs.SPECS`), with
 the signature :data:`liger_portable.tuning.runtime.TuneHook`::
 
     run = HOOKS["rms_norm_fwd"](device, {"n_cols": 4096, "n_rows": 8192}, torch.bfloat16)
@@ -43,9 +43,9 @@ import torch
 
 from .. import ops  # noqa: F401  (every kernel family registers its specs and examples)
 from ..ops._problem import Problem, torch_device  # noqa: F401  (the examples' problem; re-exported)
-from .._configs import Resolved
-from .._platform import DeviceInfo
-from .._specs import EPS, IGNORE_INDEX, SPECS  # noqa: F401  (the examples' launch arguments)
+from ..configs import Resolved
+from ..hardware import DeviceInfo
+from ..specs import EPS, IGNORE_INDEX, SPECS  # noqa: F401  (the examples' launch arguments)
 from . import runtime, timing
 
 Launch = Callable[[Resolved], Any]

@@ -1,9 +1,9 @@
 """Runtime tuning: with ``LIGER_PORTABLE_AUTOTUNE=1``, a cache miss in
-:func:`liger_portable._configs.resolve` is tuned once per (kernel, device model, problem bucket,
+:func:`liger_portable.configs.resolve` is tuned once per (kernel, device model, problem bucket,
 dtype) and process, and recorded.
 
 The config lookup never imports the tuner: importing this module installs :func:`autotune_miss` as
-the lookup's miss handler (:func:`liger_portable._configs.set_miss_handler`), which ``resolve``
+the lookup's miss handler (:func:`liger_portable.configs.set_miss_handler`), which ``resolve``
 calls on a miss when ``LIGER_PORTABLE_AUTOTUNE=1`` is set at that moment (``import liger_portable``
 imports this module; it imports neither Triton nor the kernels). A miss calls the tuning hook
 registered for that kernel (:func:`register_hook`); the default hooks
@@ -12,7 +12,7 @@ the first miss that needs one, through the loader :mod:`liger_portable.tuning` i
 :func:`set_default_hooks`. Never during CUDA-graph capture (the table default is used, one warning).
 
 Processes and ranks. A miss takes the device model's tuning lock, a lock file in the user cache
-folder (:func:`liger_portable._cache.tuning_lock`), re-reads the cache, and tunes only if no other
+folder (:func:`liger_portable.autotune_cache.tuning_lock`), re-reads the cache, and tunes only if no other
 process recorded the entry meanwhile; otherwise it uses that entry. No collectives are involved, so
 ranks that miss at different points, or not at all, cannot deadlock: a rank waits at most for one
 tuning of one problem by another process. Hence:
@@ -52,10 +52,10 @@ from typing import Callable
 
 import torch
 
-from .. import _cache, _configs, _paths
-from .._configs import Resolved
-from .._platform import DeviceInfo
-from .._specs import SPECS
+from .. import autotune_cache, configs, _paths
+from ..configs import Resolved
+from ..hardware import DeviceInfo
+from ..specs import SPECS
 from .search import tune
 
 # hook(device, named_problem, dtype) -> run: builds inputs for the problem, returns a callable that
@@ -206,7 +206,7 @@ def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.
     spec = SPECS[kernel]
     named = dict(zip(spec.key, problem))
     try:
-        token = (kernel, device.model_slug, _cache.entry_key(spec, named, dtype))
+        token = (kernel, device.model_slug, autotune_cache.entry_key(spec, named, dtype))
     except Exception:  # noqa: BLE001
         return False
     if capturing():
@@ -227,24 +227,24 @@ def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.
     # After one timeout for this device model, later misses only try the lock (no second long wait).
     timeout = 0.0 if device.model_slug in _gave_up else lock_timeout()
     try:
-        with _cache.tuning_lock(device, timeout) as got:
+        with autotune_cache.tuning_lock(device, timeout) as got:
             if not got:
                 if device.model_slug in _gave_up:  # warned at the first timeout
                     return False
                 _gave_up.add(device.model_slug)
-                holder = _cache.lock_holder(device)
+                holder = autotune_cache.lock_holder(device)
                 _warn_once(
                     f"liger_portable: waited {timeout:g} s for the tuning lock of {device.name} "
-                    f"({_cache.tuning_lock_file(device)}, held by {holder or 'another process'}); using "
+                    f"({autotune_cache.tuning_lock_file(device)}, held by {holder or 'another process'}); using "
                     f"the table default for {kernel} {named}, and for later misses while the lock is "
                     f"busy. Raise {ENV_LOCK_TIMEOUT}, or tune before training with `liger-portable warmup`."
                 )
                 return False
-            _cache.reread(device)  # another process may have tuned it while this one waited
-            if _cache.lookup_entry(spec, device, named, dtype) is not None:
+            autotune_cache.reread(device)  # another process may have tuned it while this one waited
+            if autotune_cache.lookup_entry(spec, device, named, dtype) is not None:
                 return True
             return _tune_now(kernel, device, named, dtype, hook)
-    except _cache.NoTuningLock as e:
+    except autotune_cache.NoTuningLock as e:
         if multi_rank():
             _warn_once(
                 f"liger_portable: LIGER_PORTABLE_AUTOTUNE=1 is not applied inside a multi-rank "
@@ -256,4 +256,4 @@ def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.
         return _tune_now(kernel, device, named, dtype, hook)
 
 
-_configs.set_miss_handler(autotune_miss)  # tuning wraps the lookup from above
+configs.set_miss_handler(autotune_miss)  # tuning wraps the lookup from above

@@ -3,7 +3,7 @@ slower than the table default.
 
 :func:`tune` times every legal point of a kernel's search space (:func:`candidates`, merged onto
 the table default config, :func:`default_config`) with a ``run`` callable, also times the table
-default, and records the winner in the user cache (:func:`liger_portable._cache.record`). A config
+default, and records the winner in the user cache (:func:`liger_portable.autotune_cache.record`). A config
 only wins if it beats the default by more than the noise margin; otherwise the default is recorded,
 so a tuned entry is never slower than the table beyond noise. A config whose launch raises (out of
 resources, ...) is skipped.
@@ -16,10 +16,10 @@ from typing import Any, Mapping
 
 import torch
 
-from .. import _cache
-from .._configs import ConfigError, Limits, check_config, load_table, search_configs, table_default
-from .._platform import DeviceInfo
-from .._specs import MAX_VALUES_PER_THREAD, SPECS
+from .. import autotune_cache
+from ..configs import ConfigError, Limits, check_config, load_table, search_configs, table_default
+from ..hardware import DeviceInfo
+from ..specs import MAX_VALUES_PER_THREAD, SPECS
 from .timing import Run, Timer, cuda_graph_timing, measure, precompile
 
 NOISE = 0.02  # a config must beat the table default by more than this fraction to be chosen
@@ -125,14 +125,14 @@ def tune(
     spec = SPECS[kernel]
     named = dict(problem) if isinstance(problem, Mapping) else dict(zip(spec.key, problem))
     default = default_config(kernel, device, named)
-    result = TuneResult(default, None, None, "table default", _cache.entry_key(spec, named, dtype))
+    result = TuneResult(default, None, None, "table default", autotune_cache.entry_key(spec, named, dtype))
     configs = list(candidates(kernel, device, named))
     if dedicated:
         result.compile = precompile(kernel, [default, *configs], run, timer)
     with cuda_graph_timing(dedicated):
         _search(kernel, run, timer, noise, default, configs, result)
     if record and result.time_ms is not None:
-        _cache.record(spec, device, named, dtype, result.config, result.time_ms, result.default_ms)
+        autotune_cache.record(spec, device, named, dtype, result.config, result.time_ms, result.default_ms)
     return result
 
 

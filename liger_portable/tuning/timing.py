@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .._configs import Resolved, make_resolved
+from ..configs import Resolved, make_resolved
 
 Run = Callable[[Resolved], Any]
 Timer = Callable[[Callable[[], Any]], float]

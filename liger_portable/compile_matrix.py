@@ -3,7 +3,7 @@
 Nothing here is written per kernel. For a launch config (the table's, host-side parameters
 included), a problem (the spec's key fields) and a dtype, :func:`describe` runs the kernel family's
 own examples (``KernelSpec.examples``: the launch code a training step runs) on meta tensors with
-the launches captured instead of made (:func:`liger_portable.ops._launch.capture`), and turns each
+the launches captured instead of made (:func:`liger_portable.ops.launching.capture`), and turns each
 captured launch into a :class:`Launch`: the ``@triton.jit`` function, the Triton type of every
 argument as the launch passed it, its constexpr values and launch options, and the arguments Triton
 would specialise as 16-byte aligned (tensors from the allocator; integers that are multiples of 16).
@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import torch
 
-from ._platform import DeviceInfo
-from ._specs import SPECS
+from .hardware import DeviceInfo
+from .specs import SPECS
 
 # Element type names of Triton signatures, by torch dtype name.
 PTR = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
@@ -113,16 +113,16 @@ def describe(spec_name: str) -> Describe | None:
         return None
 
     def run(cfg: dict, problem: dict, dtype: str) -> list[Launch]:
-        from ._configs import make_resolved
+        from .configs import make_resolved
         from ._dispatch import simulate
-        from .ops import _launch
+        from .ops import launching
         from .ops._problem import Problem
 
         p = Problem(spec_name, _DEVICE, problem, getattr(torch, dtype), where=torch.device("meta"))
         resolved = make_resolved(spec_name, cfg, "compile matrix")
         out: list[Launch] = []
         seen: set = set()
-        with simulate(_DEVICE), _launch.capture() as made:
+        with simulate(_DEVICE), launching.capture() as made:
             examples = spec.examples(p)  # a prerequisite launch (a backward's forward) is not kept
             for variant, _inputs, launch in examples:
                 made.clear()

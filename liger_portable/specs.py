@@ -114,7 +114,7 @@ def source_hash(rel: str) -> str:
 
 # Sibling modules of the host's launch machinery (argument-binding cache, plan memo): they change how
 # fast a launch is made, never which kernel a config launches, so they do not version tuned entries.
-_UNVERSIONED = frozenset({"_launch"})
+_UNVERSIONED = frozenset({"launching"})
 
 
 def source_files(path: Path, seen: set) -> list[Path]:

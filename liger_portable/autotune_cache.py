@@ -18,7 +18,7 @@ File format (one JSON file per device model, named by :attr:`DeviceInfo.model_sl
 
 The key holds everything that invalidates a tuned result: the kernel's source version (a change of
 one kernel drops only its entries), Triton's major.minor, the dtype and the problem bucket the
-kernel declares (:class:`~liger_portable._specs.KernelSpec.bucket`).
+kernel declares (:class:`~liger_portable.specs.KernelSpec.bucket`).
 
 Robustness rules (no cache problem ever stops training):
 
@@ -55,8 +55,8 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from . import _paths
-from ._platform import DeviceInfo, platform
-from ._specs import KernelSpec
+from .hardware import DeviceInfo, platform
+from .specs import KernelSpec
 
 try:  # POSIX only
     import fcntl

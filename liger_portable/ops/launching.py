@@ -28,9 +28,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import _cache
-from .._configs import Resolved, resolve
-from .._platform import DeviceInfo, on_reset
+from .. import autotune_cache
+from ..configs import Resolved, resolve
+from ..hardware import DeviceInfo, on_reset
 
 try:  # Triton >= 3.4: runtime knobs and the driver's current device and stream
     from triton import knobs as _knobs
@@ -196,7 +196,7 @@ def _drop_plans() -> None:
 
 
 on_reset(_drop_plans)
-_cache.on_write(_drop_plans)
+autotune_cache.on_write(_drop_plans)
 
 
 def split_launch(cfg: Resolved) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -39,7 +39,7 @@ Table format (``backends/<backend>.json``, as :func:`._tables.expand` flattens i
     }
 
 A config holds ``num_warps``, optionally ``num_stages``, every ``tl.constexpr`` the kernel's
-:class:`~liger_portable._specs.KernelSpec` declares, and options of this backend only.
+:class:`~liger_portable.specs.KernelSpec` declares, and options of this backend only.
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from . import _cache, _paths, _tables
-from ._platform import ALL_BACKEND_OPTIONS, DeviceInfo, on_reset
+from . import autotune_cache, _paths, _tables
+from .hardware import ALL_BACKEND_OPTIONS, DeviceInfo, on_reset
 # Table validation lives in _tables (below this module); re-exported here, where callers look.
 from ._tables import LIMIT_FIELDS, SCHEMA, ConfigError, Limits, check_config, check_limits  # noqa: F401
-from ._specs import SPECS, KernelSpec
+from .specs import SPECS, KernelSpec
 
 _GPU_BACKENDS = ("cuda", "rocm", "xpu")
 ENV_AUTOTUNE = "LIGER_PORTABLE_AUTOTUNE"  # "1": tune a cache miss once per process (see tuning.runtime)
@@ -338,7 +338,7 @@ def _clear_memo() -> None:
         _memo.clear()
     _warned.clear()
     load_table.cache_clear()
-    _cache.clear()
+    autotune_cache.clear()
 
 
 def _drop_resolved() -> None:
@@ -348,7 +348,7 @@ def _drop_resolved() -> None:
 
 
 on_reset(_clear_memo)
-_cache.on_write(_drop_resolved)
+autotune_cache.on_write(_drop_resolved)
 
 
 def make_resolved(kernel: str, cfg: dict[str, Any], source: str = "explicit") -> Resolved:
@@ -375,7 +375,7 @@ def _fit_to_device(cfg: dict[str, Any], limits: Limits) -> dict[str, Any]:
 
 def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtype, limits: Limits) -> Resolved | None:
     """The first legal tuned config in the caches (user, then shipped), or ``None``."""
-    for cfg, where in _cache.lookup(spec, device, named, dtype):
+    for cfg, where in autotune_cache.lookup(spec, device, named, dtype):
         try:
             check_config(cfg, spec, device.backend, limits, f"{where} kernel {spec.name!r}")
         except ConfigError as e:
