@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -68,6 +67,37 @@ def _feature(v: Any) -> Any:
     return type(v)
 
 
+# Triton's CUDA launcher (3.5, 3.6) is a Python wrapper that allocates the kernel's scratch buffers
+# (none for a kernel that needs none) and then calls the C launch function with the cooperative-grid
+# and PDL flags inserted. For a kernel that needs no scratch, the C function is called directly.
+_WRAPPER_PARAMS = ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+_WRAPPER_TAIL = (
+    "self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl, "
+    "global_scratch, profile_scratch, *args)"
+)
+_known_wrapper: dict[type, bool] = {}
+
+
+def _direct(run: Any) -> tuple | None:
+    """(C launch function, cooperative-grid flag, PDL flag) of a compiled kernel's launcher whose
+    Python wrapper is the known one and allocates nothing for this kernel; None otherwise (the
+    wrapper is called)."""
+    cls = type(run)
+    known = _known_wrapper.get(cls)
+    if known is None:
+        try:
+            call = cls.__call__
+            known = list(inspect.signature(call).parameters) == _WRAPPER_PARAMS and " ".join(
+                inspect.getsource(call).split()
+            ).endswith(_WRAPPER_TAIL)
+        except (TypeError, OSError, ValueError):
+            known = False
+        _known_wrapper[cls] = known
+    if not known or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    return run.launch, run.launch_cooperative_grid, run.launch_pdl
+
+
 class Launcher:
     """Launch one ``@triton.jit`` function: ``launcher(grid, args, consts, launch)``.
 
@@ -80,7 +110,7 @@ class Launcher:
             minus its constexprs, which go in ``consts``).
     """
 
-    __slots__ = ("fn", "_names", "_defaults", "_constexpr", "_tails", "_cache")
+    __slots__ = ("fn", "_names", "_defaults", "_constexpr", "_keyers", "_cache")
 
     def __init__(self, fn: Any):
         self.fn = fn
@@ -95,23 +125,43 @@ class Launcher:
                 None if p.default is inspect.Parameter.empty else p.default for p in params
             )
             self._constexpr = tuple(bool(p.is_constexpr) for p in params)
-        # per count of leading arguments: how to read the remaining ones out of ``consts`` (built once)
-        self._tails: dict[int, tuple] = {}
+        # per count of leading arguments: the generated key function (see _keyer)
+        self._keyers: dict[int, Callable] = {}
         self._cache: dict[tuple, tuple] = {}
 
-    def _tail(self, n: int) -> tuple:
-        """(defaults by name, getter of the values in order, constexpr flags) of the parameters after
-        the first ``n``, and whether any of the first ``n`` is a constexpr."""
-        tail = self._tails.get(n)
-        if tail is None:
-            names = self._names[n:]
-            get = operator.itemgetter(*names) if len(names) > 1 else (
-                (lambda d, name=names[0]: (d[name],)) if names else (lambda d: ())
-            )
-            tail = self._tails[n] = (
-                dict(zip(names, self._defaults[n:])), get, self._constexpr[n:], any(self._constexpr[:n])
-            )
-        return tail
+    def _keyer(self, n: int) -> Callable:
+        """The key function of calls with ``n`` leading arguments, generated once (as Triton generates
+        its binder): ``keyer(launch, device, args, consts) -> (key, values)``, ``values`` being every
+        argument of the kernel in order (the trailing ones from ``consts`` or their defaults). Each
+        runtime argument is keyed inline by its class: a tensor by dtype and 16-byte alignment, an
+        int by being 1, a multiple of 16 and within 32 bits, anything else by :func:`_feature`;
+        a constexpr by its value."""
+        keyer = self._keyers.get(n)
+        if keyer is not None:
+            return keyer
+        names, env = [], {"T": torch.Tensor, "F": _feature}
+        lines = []
+        for i, (name, is_const) in enumerate(zip(self._names, self._constexpr)):
+            v = f"v{i}"
+            names.append(v)
+            if i >= n:
+                env[f"d{i}"] = self._defaults[i]
+                lines.append(f"    {v} = consts.get({name!r}, d{i})")
+        items = []
+        for i, is_const in enumerate(self._constexpr):
+            v = f"v{i}"
+            items.append(v if is_const else (
+                f"(({v}.dtype, {v}.data_ptr() & 15 == 0) if type({v}) is T else "
+                f"({v} == 1, {v} & 15 == 0, -0x80000000 <= {v} <= 0x7FFFFFFF) if type({v}) is int else F({v}))"
+            ))
+        head = ", ".join(names[:n]) + ("," if n else "")
+        src = "def keyer(launch, device, args, consts):\n"
+        src += f"    {head} = args\n" if n else ""
+        src += "\n".join(lines) + ("\n" if lines else "")
+        src += f"    return (id(launch), device, {', '.join(items)}), ({', '.join(names)},)\n"
+        exec(compile(src, f"<launch key of {getattr(self.fn, '__name__', 'kernel')}>", "exec"), env)
+        keyer = self._keyers[n] = env["keyer"]
+        return keyer
 
     def __call__(self, grid: tuple, args: tuple, consts: dict[str, Any], launch: dict[str, Any]) -> None:
         if _captured is not None:  # recording launches instead of making them (see capture)
@@ -120,23 +170,19 @@ class Launcher:
         if not (enabled and _SUPPORTED and self._names):
             self.fn[grid](*args, **consts, **launch)
             return
-        defaults, get, tail_const, const_args = self._tail(len(args))
-        tail = get({**defaults, **consts})
-        if const_args:  # a constexpr among the leading arguments: its value, not its class, is keyed
-            head = [v if c else _feature(v) for v, c in zip(args, self._constexpr)]
-        else:
-            head = [_feature(v) for v in args]
-        key = (
-            id(launch), _driver.active.get_current_device(), *head,
-            *[v if c else _feature(v) for v, c in zip(tail, tail_const)],
-        )
+        key, values = self._keyer(len(args))(launch, _driver.active.get_current_device(), args, consts)
         hit = self._cache.get(key)
         if hit is None or hit[0] is not launch or _hooks_installed():
             self._slow(key, grid, args, consts, launch)
             return
-        _, run, function, packed, device = hit
+        _, run, function, packed, device, direct = hit
         g = grid + (1, 1)
-        run(g[0], g[1], g[2], _driver.active.get_current_stream(device), function, packed, None, None, None, *args, *tail)
+        stream = _driver.active.get_current_stream(device)
+        if direct is None:
+            run(g[0], g[1], g[2], stream, function, packed, None, None, None, *values)
+        else:
+            c_launch, cooperative, pdl = direct
+            c_launch(g[0], g[1], g[2], stream, function, cooperative, pdl, None, None, packed, None, None, None, *values)
 
     def _slow(self, key: tuple, grid: tuple, args: tuple, consts: dict, launch: dict) -> None:
         """Triton's own launch; the compiled kernel it returns is kept for this specialisation."""
@@ -144,7 +190,7 @@ class Launcher:
         if compiled is None or self.fn.pre_run_hooks or _hooks_installed():
             return
         try:
-            entry = (launch, compiled.run, compiled.function, compiled.packed_metadata, key[1])
+            entry = (launch, compiled.run, compiled.function, compiled.packed_metadata, key[1], _direct(compiled.run))
         except AttributeError:  # not a compiled kernel of the kind this path knows
             return
         # ``launch`` is held by the entry, so its id (part of the key) cannot be reused meanwhile.
