@@ -65,3 +65,168 @@ def test_gpu_cached_launch_equals_tritons_launch(dtype):
     keys = [k for k in rms_ops.launch_fwd._cache]
     aligned = {tuple(v for v in k[2:6]) for k in keys}  # X, Y, W, RSTD specialisations
     assert len(aligned) >= 2, "the unaligned rows reused the aligned kernel"
+
+
+# --------------------------------------------------------------------------- the cached path on the CPU
+# A fake driver and a fake compiled kernel stand in for the GPU: Triton's own launch (the slow path)
+# is counted as a compile, and the cached launches record what they pass to the compiled kernel.
+
+
+class _Recorder:
+    """A compiled kernel's launcher that records its calls (wrapper form unknown: called as is)."""
+
+    global_scratch_size = 0
+    profile_scratch_size = 0
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __call__(self, *args):
+        self.calls.append(("wrapper", args))
+
+
+class _KnownWrapper(_Recorder):
+    """Shaped like Triton's CUDA launcher wrapper: the launcher calls its C function directly."""
+
+    launch_cooperative_grid = False
+    launch_pdl = True
+
+    def __init__(self, calls):
+        super().__init__(calls)
+        self.launch = lambda *args: calls.append(("direct", args))
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        global_scratch = profile_scratch = None
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    global_scratch, profile_scratch, *args)
+
+
+def _params(fn):
+    """The parameters of a ``@triton.jit`` function as JITFunction lists them (name, default,
+    is_constexpr), read from its Python signature (the interpreter's function has no ``params``)."""
+    import inspect
+    from types import SimpleNamespace
+
+    import triton.language as tl
+
+    py = getattr(fn, "fn", fn)
+    return [
+        SimpleNamespace(name=p.name, default=p.default, is_constexpr=p.annotation in (tl.constexpr, "tl.constexpr"))
+        for p in inspect.signature(py).parameters.values()
+    ]
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """(launcher over the RMSNorm forward's signature, compiles made, launches recorded, set_run)."""
+
+    class Driver:
+        class active:
+            get_current_device = staticmethod(lambda: 0)
+            get_current_stream = staticmethod(lambda device: "stream")
+
+    compiles, calls = [], []
+    run = {"cls": _Recorder}
+
+    class Compiled:
+        function = "function"
+        packed_metadata = "metadata"
+
+        def __init__(self):
+            self.run = run["cls"](calls)
+
+    class Fn:
+        params = _params(rms_ops.launch_fwd.fn)
+        pre_run_hooks: list = []
+        __name__ = "fake"
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                compiles.append((grid, args, kwargs))
+                return Compiled()
+
+            return launch
+
+    monkeypatch.setattr(launching, "_driver", Driver)
+    monkeypatch.setattr(launching, "_SUPPORTED", True)
+    monkeypatch.setattr(launching, "_hooks_installed", lambda: False)
+    return launching.Launcher(Fn()), compiles, calls, run
+
+
+def _rms_args(x, n_rows=16, n_cols=64):
+    y, w, rstd = torch.empty(n_rows, n_cols), torch.rand(n_cols), torch.empty(n_rows)
+    return (x, y, w, rstd, x.stride(0), y.stride(0), n_rows, n_cols, 1e-6, 0.0)
+
+
+CONSTS = {"GEMMA": False, "BLOCK_M": 1, "BLOCK_N": 64, "SINGLE_PASS": True}
+
+
+def test_cached_launch_passes_every_argument_in_order(fake_gpu):
+    """The first call takes Triton's path (one compile); the next calls the compiled kernel with the
+    leading arguments, the constexprs and the defaults of the arguments left out, in order."""
+    launcher, compiles, calls, _ = fake_gpu
+    opts = {"num_warps": 4}
+    args = _rms_args(torch.randn(16, 64))
+    launcher((3,), args, CONSTS, opts)
+    launcher((3,), args, CONSTS, opts)
+    assert len(compiles) == 1 and len(calls) == 1
+    kind, passed = calls[0]
+    assert kind == "wrapper"
+    assert passed[:9] == (3, 1, 1, "stream", "function", "metadata", None, None, None)
+    values = passed[9:]
+    assert values[:10] == args
+    assert values[10:] == (False, 1, 64, True, None, None, None, False)  # GEMMA..SINGLE_PASS, R, stride_r, S, HAS_RESIDUAL
+
+
+def test_cached_launch_recompiles_for_what_triton_specialises_on(fake_gpu):
+    """A cached kernel is reused only for the same dtypes, 16-byte alignments, integer classes
+    (1, multiple of 16, 32-bit), constexpr values and launch options."""
+    launcher, compiles, calls, _ = fake_gpu
+    opts = {"num_warps": 4}
+    x = torch.randn(16 * 64 + 1)
+    aligned = x[:1024].view(16, 64)
+    launcher((1,), _rms_args(aligned), CONSTS, opts)
+    launcher((1,), _rms_args(x[1:].view(16, 64)), CONSTS, opts)  # pointer 4 bytes past 16
+    assert len(compiles) == 2
+    launcher((1,), _rms_args(aligned.double()), CONSTS, opts)  # dtype
+    assert len(compiles) == 3
+    launcher((1,), _rms_args(aligned, n_rows=17), CONSTS, opts)  # 17: not a multiple of 16
+    assert len(compiles) == 4
+    launcher((1,), _rms_args(aligned[:1].expand(32, 64), n_rows=32), CONSTS, opts)  # 32: as 16
+    launcher((1,), _rms_args(aligned), {**CONSTS, "BLOCK_M": 2}, opts)  # a constexpr
+    assert len(compiles) == 5
+    launcher((1,), _rms_args(aligned), CONSTS, {"num_warps": 4})  # another options dict
+    assert len(compiles) == 6
+    launcher((1,), _rms_args(aligned, n_rows=1), CONSTS, opts)  # 1: Triton's constant 1
+    assert len(compiles) == 7
+    assert len(calls) == 1  # only the 32-row call found its kernel (the 16-row one's)
+
+
+def test_known_wrapper_is_skipped(fake_gpu):
+    """With Triton's CUDA wrapper form and no scratch memory, the C launch function is called
+    directly, with the cooperative-grid and PDL flags and no scratch inserted as the wrapper does."""
+    launcher, compiles, calls, run = fake_gpu
+    run["cls"] = _KnownWrapper
+    args = _rms_args(torch.randn(16, 64))
+    opts = {"num_warps": 4}
+    launcher((2, 3), args, CONSTS, opts)
+    launcher((2, 3), args, CONSTS, opts)
+    kind, passed = calls[0]
+    assert kind == "direct"
+    assert passed[:13] == (2, 3, 1, "stream", "function", False, True, None, None, "metadata", None, None, None)
+    assert passed[13:23] == args
+    # the wrapper itself forwards the same call
+    direct = list(passed)
+    calls.clear()
+    _KnownWrapper(calls)(2, 3, 1, "stream", "function", "metadata", None, None, None, *passed[13:])
+    assert list(calls[0][1]) == direct
+
+
+def test_hooks_or_capture_take_tritons_path(fake_gpu, monkeypatch):
+    """With launch hooks installed (a profiler) every launch goes through Triton's own path."""
+    launcher, compiles, calls, _ = fake_gpu
+    monkeypatch.setattr(launching, "_hooks_installed", lambda: True)
+    args = _rms_args(torch.randn(16, 64))
+    for _ in range(3):
+        launcher((1,), args, CONSTS, {"num_warps": 4})
+    assert len(compiles) == 3 and calls == []
