@@ -240,7 +240,8 @@ def from_output(kind: str, text: str, env: dict, label: str | None = None, shape
         return f"{label}: {s}" if label else s
 
     if kind == "pytest":
-        m = re.findall(r"=+ (.*?) in ([\d.]+)s", text)
+        # the summary line, with -q or without (then framed by "=")
+        m = re.findall(r"^=* ?(\d+ (?:passed|failed|errors?)\b.*?) in ([\d.]+)s", text, re.M)
         if not m:
             return []
         summary, secs = m[-1]
