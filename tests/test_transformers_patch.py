@@ -496,6 +496,27 @@ def test_torch_compile_fullgraph(family):
         ref_opt.zero_grad()
 
 
+@pytest.mark.parametrize("ran_before", [False, True], ids=["fresh", "after-a-step"])
+def test_patch_compiled_model(ran_before, calls):
+    """patch() on a model already wrapped by torch.compile patches the model inside, the fused loss
+    included (logits None), whether or not the wrapper ran before; the wrapper is returned."""
+    ref = tiny_model("llama", seed=12)
+    model = tiny_model("llama", seed=12)
+    compiled = torch.compile(model, backend="eager")
+    if ran_before:
+        assert compiled(**batch(5)).logits is not None  # compiled unpatched
+    assert lpt.patch(compiled) is compiled
+    assert type(model.model.norm).__name__ == "RMSNorm" and type(model.model.norm).__module__.startswith("liger_portable")
+    data = batch(1)
+    out = compiled(**data)
+    assert out.logits is None and calls.get("fused_linear_cross_entropy", 0) == 1
+    ref_out = ref_call(ref, **data)
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
+
+
 # --------------------------------------------------------------------------- class-level patching
 
 

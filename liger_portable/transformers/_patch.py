@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 import types
 
 import torch
@@ -253,8 +254,9 @@ def patch(
     ``Parameter`` objects (an optimizer built before or after keeps working; ``state_dict`` keys
     and values are unchanged); a causal-LM head gets the fused loss in its ``forward`` (this
     instance only). ``rope`` replaces the modeling module's ``apply_rotary_pos_emb``, which every
-    model of the family in the process uses. Patch before wrapping the model (Trainer,
-    ``torch.compile``, FSDP / DDP, hooks).
+    model of the family in the process uses. Patch before wrapping the model (Trainer, FSDP / DDP,
+    hooks); a model already wrapped by ``torch.compile`` is patched inside its wrapper (the wrapper
+    is returned; a graph compiled before the patch is recompiled on the next call).
 
     Args:
         model: a model of a supported family (:data:`MODEL_TYPES`): a ``XForCausalLM``, or its
@@ -283,14 +285,26 @@ def patch(
     chunk_mib = check_chunk_mib(chunk_mib)
     if chunk_mib is not None and not fused_linear_cross_entropy:
         raise ValueError("chunk_mib sets the fused linear cross-entropy's chunk; it needs fused_linear_cross_entropy=True")
-    family = family_of(model)
-    _check_act(family, model.config, swiglu, "swiglu")
+    inner = compiled_inner(model)
+    family = family_of(inner)
+    _check_act(family, inner.config, swiglu, "swiglu")
     _patch_instance(
-        family, model, rope=rope, rms_norm=rms_norm, glu=swiglu,
+        family, inner, rope=rope, rms_norm=rms_norm, glu=swiglu,
         loss_mode=_loss_mode(cross_entropy, fused_linear_cross_entropy),
     )
     if chunk_mib is not None:
-        setattr(model, CHUNK_MIB_ATTR, chunk_mib)
+        setattr(inner, CHUNK_MIB_ATTR, chunk_mib)
+    return model
+
+
+def compiled_inner(model):
+    """The model a ``torch.compile`` wrapper (``OptimizedModule``, also nested) holds, else
+    ``model``. Patching the wrapper itself would swap the norms and MLPs (they are its submodules)
+    but miss the causal-LM head, whose ``forward`` belongs to the inner model."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing is compiled
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    while optimized is not None and isinstance(model, optimized):
+        model = model._orig_mod
     return model
 
 
@@ -306,6 +320,7 @@ def apply_to_family(
     _check_flags(cross_entropy, fused_linear_cross_entropy, rope=rope, rms_norm=rms_norm, **{glu_option: glu})
     family = FAMILIES[name]
     if model is not None:
+        model = compiled_inner(model)
         if family_of(model) is not family:
             raise ValueError(
                 f"model is a {model.config.model_type!r} model, not {name}; use "
