@@ -15,6 +15,14 @@ after the model is built to the end (weights, gradients, AdamW state and activat
     python scripts/bench_train_step.py --family qwen2       # Qwen2.5-1.5B dims; gemma2: Gemma-2-2B dims
     python scripts/bench_train_step.py --tiny               # the whole flow on the CPU in seconds
     python scripts/bench_train_step.py --family demo --profile   # the README demo's model; kernel times
+    python scripts/bench_train_step.py --compile --repeats 3    # each variant under model.compile(), 3 rounds
+    python scripts/bench_train_step.py --family llama-150m --repeats 5   # a ~150M model: host-bound steps
+
+``--compile [MODE]`` compiles each variant's model after patching (``model.compile(mode=MODE)``;
+``default``, ``reduce-overhead`` with CUDA graphs, or ``max-autotune-no-cudagraphs``); the warm-up
+steps absorb the compilation. ``--repeats N`` runs the variants N times, interleaved (hf, liger-kernel,
+liger-portable, hf, ...), each run in a fresh subprocess, and reports the median tokens/s with the
+spread of the runs (a host-bound step varies from run to run).
 
 liger-kernel is taken from the environment (``BENCH_TIMEOUT=480 bash scripts/gpu_session.sh train_step``
 installs the wheels in ``.whl/``); a variant that cannot be imported (``unavailable``) or breaks
@@ -63,6 +71,13 @@ FAMILIES = {
         tie_word_embeddings=True, max_position_embeddings=8192, sliding_window=4096,
         final_logit_softcapping=30.0, attn_logit_softcapping=50.0, query_pre_attn_scalar=256,
         hidden_activation="gelu_pytorch_tanh")},
+    # A ~150M-parameter Llama-style model (GPT-2-small-like widths, Llama-2's vocabulary): its steps
+    # are short, and the host's cost per kernel call decides much of their time.
+    "llama-150m": {"config": "LlamaConfig", "model": "LlamaForCausalLM", "ref": "Llama ~150M", "attn": "sdpa",
+                   "batch": 8, "seq": 1024, "dims": dict(
+        hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+        num_key_value_heads=4, vocab_size=32000, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, max_position_embeddings=1024)},
     # The README demo's models (liger_portable.demo SIZES): "demo" on GPUs with 48 GiB or more,
     # "demo-small" below; the demo itself uses foreach AdamW, this bench fused AdamW.
     **{name: {"config": "LlamaConfig", "model": "LlamaForCausalLM", "ref": f"liger-portable {name}", "attn": "sdpa",
@@ -75,6 +90,7 @@ TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_atte
             num_key_value_heads=2, head_dim=16, vocab_size=1000, max_position_embeddings=256)
 GOAL = {"llama": {"tokens_per_s": 68_000, "peak_gib": 25.0}}  # for liger-portable
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true",
                     help="after the timed steps, profile 2 more and print each variant's device time by kernel")
     ap.add_argument("--variant-timeout", type=float, default=300, help="seconds before a variant's subprocess is killed")
+    ap.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, default=None,
+                    help="model.compile(mode=...) after patching (no value: the default mode)")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved runs of all variants (median and spread)")
     ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--result-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -104,8 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, name, small if tiny else full)
     args.dtype = args.dtype or ("float32" if tiny else "bfloat16")
     args.device = args.device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu")
-    if args.steps < 1 or args.warmup < 0:
-        ap.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.repeats < 1:
+        ap.error("--steps and --repeats must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -177,6 +196,8 @@ def worker(args: argparse.Namespace) -> dict:
         model = apply_variant(variant, model)
     except ImportError as e:
         return {**out, "status": "unavailable", "reason": _reason(e)}
+    if args.compile:
+        model.compile(mode=None if args.compile == "default" else args.compile)
     mem = getattr(torch, device.type) if device.type != "cpu" else None
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), generator=g).to(device)
@@ -192,6 +213,8 @@ def worker(args: argparse.Namespace) -> dict:
             if mem is not None:
                 mem.synchronize()
             t0 = time.perf_counter()
+            if args.compile == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
             res = model(input_ids=ids, labels=ids)
             res.loss.backward()
             opt.step()
@@ -268,6 +291,24 @@ def run_variant(variant: str, args: argparse.Namespace, argv: list[str]) -> dict
         return out
 
 
+def combine(runs: list[dict]) -> dict:
+    """One variant's result over its repeated runs: the first run's fields (loss curve, status, ...),
+    with tokens/s and step time the median over the runs that succeeded, the spread of tokens/s, and
+    the largest peak memory. Not ok if any run was not."""
+    out = dict(runs[0])
+    bad = next((r for r in runs if r["status"] != "ok"), None)
+    if bad is not None:
+        return {**out, "status": bad["status"], "reason": bad.get("reason", "")}
+    tps = [r["tokens_per_s"] for r in runs if r.get("tokens_per_s")]
+    if tps:
+        out |= {"tokens_per_s": statistics.median(tps), "tokens_per_s_runs": tps,
+                "median_ms": statistics.median(r["median_ms"] for r in runs if "median_ms" in r)}
+    peaks = [r["peak_gib"] for r in runs if "peak_gib" in r]
+    if peaks:
+        out["peak_gib"] = max(peaks)
+    return out
+
+
 def report(args: argparse.Namespace, results: list[dict]) -> str:
     from liger_portable.demo import TOLERANCE
 
@@ -290,13 +331,16 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
             diff = f"{d:.2e} ({'matches' if rel <= tol else 'DIFFERS'})"
         if "fingerprint" in r and "fingerprint" in hf and r["fingerprint"] != hf["fingerprint"]:
             diff += " (initial weights differ!)"
+        runs = r.get("tokens_per_s_runs", [])
+        spread = f" [{min(runs):,.0f}, {max(runs):,.0f}]" if len(runs) > 1 else ""
         rows.append([
-            r["variant"], f"{tps:,.0f}" if tps else "", f"{r['median_ms']:.1f}" if ok and "median_ms" in r else "",
+            _label(args, r["variant"]), f"{tps:,.0f}{spread}" if tps else "", f"{r['median_ms']:.1f}" if ok and "median_ms" in r else "",
             f"{r['peak_gib']:.1f}" if "peak_gib" in r else "n/a", speedup, diff,
             "ok" if ok else f"{r['status']}: {r.get('reason', '')}",
         ])
     lines.append(markdown_table(
-        ["variant", "tokens/s", "median step ms", "peak GiB", "vs HF", f"max |loss diff| vs HF, {n} steps", "status"], rows))
+        ["variant", "tokens/s" + (f" (median [min, max] of {args.repeats} runs)" if args.repeats > 1 else ""),
+         "median step ms", "peak GiB", "vs HF", f"max |loss diff| vs HF, {n} steps", "status"], rows))
     curves = [r for r in results if r.get("losses")]
     if curves:
         lines.append("")
@@ -318,6 +362,13 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _label(args: argparse.Namespace, variant: str) -> str:
+    name = {"hf": "hugging-face"}.get(variant, variant)
+    if not args.compile:
+        return name
+    return f"{name} + compile" + ("" if args.compile == "default" else f" ({args.compile})")
+
+
 def records(args: argparse.Namespace, results: list[dict]) -> list[dict]:
     """One results-log record per variant that ran: tokens/s, with peak memory, step time and the
     loss difference from Hugging Face's curve (``report`` computes it) as extras."""
@@ -328,13 +379,17 @@ def records(args: argparse.Namespace, results: list[dict]) -> list[dict]:
         if r["status"] != "ok" or not r.get("tokens_per_s"):
             continue
         prof = r.get("profile")
+        runs = r.get("tokens_per_s_runs", [])
         out.append(record(
-            "train_step", shape, {"hf": "hugging-face"}.get(r["variant"], r["variant"]), "tokens_per_s",
+            "train_step", shape, _label(args, r["variant"]), "tokens_per_s",
             round(r["tokens_per_s"], 1), dtype=args.dtype, peak_gib=round(r["peak_gib"], 3) if "peak_gib" in r else None,
             median_step_ms=round(r["median_ms"], 1), vs_hf=round(r["tokens_per_s"] / hf, 3) if hf else None,
             max_loss_diff=float(f"{r['max_loss_diff']:.3g}") if "max_loss_diff" in r else None,
             gpu_busy_pct=round(100 * prof["busy_ms"] / prof["wall_ms"], 1) if prof else None,
-            run=f"fused AdamW lr {args.lr:g}, {args.warmup} warm-up + {args.steps} timed steps"))
+            spread=[round(min(runs), 1), round(max(runs), 1)] if len(runs) > 1 else None,
+            rounds=len(runs) if len(runs) > 1 else None,
+            run=f"fused AdamW lr {args.lr:g}, {args.warmup} warm-up + {args.steps} timed steps"
+                + (f", median of {len(runs)} interleaved runs" if len(runs) > 1 else "")))
     return out
 
 
@@ -351,13 +406,15 @@ def main(argv: list[str] | None = None) -> int:
     what = "tiny config (plumbing check, timings mean nothing)" if args.tiny else f"{fam['ref']} dimensions"
     print(f"{env}\ntraining step: {args.family}, {what}, {fam['attn']} attention, batch {args.batch} x {args.seq} tokens, {args.dtype}, "
           f"fused AdamW lr {args.lr:g}, {args.warmup} warm-up + {args.steps} timed steps on {args.device}")
-    results = []
-    for variant in args.variants:
-        print(f"{variant}:", flush=True)
-        results.append(run_variant(variant, args, argv))
-        r = results[-1]
-        if r["status"] != "ok":
-            print(f"  {variant}: {r['status']}: {r.get('reason', '')}")
+    runs: dict[str, list[dict]] = {v: [] for v in args.variants}
+    for i in range(args.repeats):  # interleaved: each round runs every variant once
+        for variant in args.variants:
+            print(f"{variant}" + (f" (run {i + 1}/{args.repeats})" if args.repeats > 1 else "") + ":", flush=True)
+            r = run_variant(variant, args, argv)
+            runs[variant].append(r)
+            if r["status"] != "ok":
+                print(f"  {variant}: {r['status']}: {r.get('reason', '')}")
+    results = [combine(rs) for rs in runs.values()]
     table = report(args, results)
     print(table)
     if not args.tiny:
