@@ -147,9 +147,9 @@ def fake_gpu(monkeypatch):
 
             return launch
 
-    monkeypatch.setattr(launching, "_driver", Driver)
-    monkeypatch.setattr(launching, "_SUPPORTED", True)
-    monkeypatch.setattr(launching, "_hooks_installed", lambda: False)
+    monkeypatch.setattr(launching, "driver", Driver)
+    monkeypatch.setattr(launching, "KNOWN_TRITON", True)
+    monkeypatch.setattr(launching, "hooks_installed", lambda: False)
     return launching.Launcher(Fn()), compiles, calls, run
 
 
@@ -225,7 +225,7 @@ def test_known_wrapper_is_skipped(fake_gpu):
 def test_hooks_or_capture_take_tritons_path(fake_gpu, monkeypatch):
     """With launch hooks installed (a profiler) every launch goes through Triton's own path."""
     launcher, compiles, calls, _ = fake_gpu
-    monkeypatch.setattr(launching, "_hooks_installed", lambda: True)
+    monkeypatch.setattr(launching, "hooks_installed", lambda: True)
     args = _rms_args(torch.randn(16, 64))
     for _ in range(3):
         launcher((1,), args, CONSTS, {"num_warps": 4})

@@ -33,12 +33,13 @@ from ..hardware import DeviceInfo, on_reset
 
 try:  # Triton >= 3.4: runtime knobs and the driver's current device and stream
     from triton import knobs as _knobs
-    from triton.runtime.driver import driver as _driver
+    from triton.runtime.driver import driver  # the active backend's current device and stream
     from triton.runtime.jit import JITFunction as _JITFunction
 
-    _SUPPORTED = "*bound_args.values()" in inspect.getsource(_JITFunction.run)
+    # True: this Triton's JITFunction.run ends in the launch this module makes directly.
+    KNOWN_TRITON = "*bound_args.values()" in inspect.getsource(_JITFunction.run)
 except Exception:  # noqa: BLE001 - an older or changed Triton: always take Triton's own path
-    _SUPPORTED = False
+    KNOWN_TRITON = False
 
 # False: every launch takes Triton's own path (benchmarks compare the two; tests check both).
 enabled: bool = True
@@ -52,7 +53,8 @@ def _active(hook: Any) -> bool:
     return calls is None or bool(calls)
 
 
-def _hooks_installed() -> bool:
+def hooks_installed() -> bool:
+    """True if launch hooks are installed (a profiler such as proton): launches then take Triton's path."""
     rt = _knobs.runtime
     return _active(rt.launch_enter_hook) or _active(rt.launch_exit_hook)
 
@@ -167,17 +169,17 @@ class Launcher:
         if _captured is not None:  # recording launches instead of making them (see capture)
             _captured.append(Captured(self.fn, grid, args, dict(consts), dict(launch)))
             return
-        if not (enabled and _SUPPORTED and self._names):
+        if not (enabled and KNOWN_TRITON and self._names):
             self.fn[grid](*args, **consts, **launch)
             return
-        key, values = self._keyer(len(args))(launch, _driver.active.get_current_device(), args, consts)
+        key, values = self._keyer(len(args))(launch, driver.active.get_current_device(), args, consts)
         hit = self._cache.get(key)
-        if hit is None or hit[0] is not launch or _hooks_installed():
+        if hit is None or hit[0] is not launch or hooks_installed():
             self._slow(key, grid, args, consts, launch)
             return
         _, run, function, packed, device, direct = hit
         g = grid + (1, 1)
-        stream = _driver.active.get_current_stream(device)
+        stream = driver.active.get_current_stream(device)
         if direct is None:
             run(g[0], g[1], g[2], stream, function, packed, None, None, None, *values)
         else:
@@ -187,7 +189,7 @@ class Launcher:
     def _slow(self, key: tuple, grid: tuple, args: tuple, consts: dict, launch: dict) -> None:
         """Triton's own launch; the compiled kernel it returns is kept for this specialisation."""
         compiled = self.fn[grid](*args, **consts, **launch)
-        if compiled is None or self.fn.pre_run_hooks or _hooks_installed():
+        if compiled is None or self.fn.pre_run_hooks or hooks_installed():
             return
         try:
             entry = (launch, compiled.run, compiled.function, compiled.packed_metadata, key[1], _direct(compiled.run))
@@ -272,7 +274,7 @@ def plan(kernel: str, dev: DeviceInfo, problem: tuple, dtype: torch.dtype, build
 
 def supported() -> bool:
     """True if launches skip Triton's per-call binding (this Triton's launch path is the known one)."""
-    return _SUPPORTED and enabled
+    return KNOWN_TRITON and enabled
 
 
 __all__ = ["Captured", "Launcher", "capture", "enabled", "plan", "split_launch", "supported"]
