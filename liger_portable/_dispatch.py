@@ -37,15 +37,24 @@ def simulated() -> DeviceInfo | None:
     return _SIMULATED
 
 
+# What a call traced by torch.compile carries instead of its device's facts: the ops' custom ops look
+# their device up when they run, and reading the facts while tracing (a lock on first use) broke
+# the graph at the first kernel call of a compiled model.
+TRACED = DeviceInfo("traced", -1, "traced by torch.compile: resolved when the custom op runs", "", 0, 0, 0, 0)
+
+
 def kernel_device(device: torch.device) -> DeviceInfo | None:
     """The :class:`DeviceInfo` whose launch configs apply to tensors on ``device`` if they run the
-    Triton kernels (the simulated one for CPU tensors under :func:`simulate`), else None: the
-    PyTorch fallback. One call per public function: the device is worked out once."""
+    Triton kernels (the simulated one for CPU tensors under :func:`simulate`; :data:`TRACED` while
+    torch.compile traces), else None: the PyTorch fallback. One call per public function: the
+    device is worked out once."""
     if device.type == "cpu":
         return _SIMULATED
     p = platform()
     if p.backend == "cpu" or device.type != p.torch_device_type:
         return None
+    if torch.compiler.is_compiling():
+        return TRACED
     return p.device(device.index)
 
 

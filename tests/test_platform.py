@@ -485,3 +485,33 @@ def test_same_device_names_both_arguments():
 
 def test_same_device_returns_common_device():
     assert _dispatch.same_device(a=torch.ones(1), b=torch.zeros(3)) == torch.device("cpu")
+
+
+def test_traced_calls_read_no_device_facts(monkeypatch):
+    """Under torch.compile a kernel call carries a stand-in for its device (the custom ops look the
+    device up when they run): reading the facts while tracing took a lock on first use, which broke
+    the graph at a compiled model's first kernel call (seen on the H200 with TORCH_LOGS=graph_breaks)."""
+    import threading
+
+    from liger_portable import _dispatch
+    from liger_portable.hardware import Platform
+
+    p = Platform(backend="cuda", detected="cuda", source="detected", torch_version=torch.__version__,
+                 triton_version=None, device_count=1)
+
+    def unreadable(index=None):
+        with threading.Lock():  # what a first read does; fails fullgraph if traced
+            raise AssertionError("device facts read while tracing")
+
+    monkeypatch.setattr(p, "device", unreadable)
+    monkeypatch.setattr(_dispatch, "platform", lambda: p)
+    x = torch.ones(3)
+
+    def f(x):
+        dev = _dispatch.kernel_device(torch.device("cuda", 0))
+        return x + 1 if dev is _dispatch.TRACED else x - 1
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(x), x + 1)
+    with pytest.raises(AssertionError, match="read while tracing"):  # eager: the facts are read
+        f(x)
