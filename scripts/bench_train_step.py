@@ -112,6 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, default=None,
                     help="model.compile(mode=...) after patching (no value: the default mode)")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved runs of all variants (median and spread)")
+    ap.add_argument("--no-cudnn-attention", action="store_true",
+                    help="torch.backends.cuda.enable_cudnn_sdp(False) in every variant (compiled Hugging Face "
+                         "models pass SDPA a mask, and the cuDNN backend it then picks was 2.8x slower than flash)")
     ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--result-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -181,6 +184,8 @@ def worker(args: argparse.Namespace) -> dict:
     status "ok", "unavailable" (the variant cannot be set up here) or "failed" (it broke while running)."""
     variant, device = args.worker, torch.device(args.device)
     out: dict = {"variant": variant, "status": "ok"}
+    if args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         import transformers
     except ImportError as e:
@@ -389,6 +394,7 @@ def records(args: argparse.Namespace, results: list[dict]) -> list[dict]:
             spread=[round(min(runs), 1), round(max(runs), 1)] if len(runs) > 1 else None,
             rounds=len(runs) if len(runs) > 1 else None,
             run=f"fused AdamW lr {args.lr:g}, {args.warmup} warm-up + {args.steps} timed steps"
+                + (", cuDNN attention off" if args.no_cudnn_attention else "")
                 + (f", median of {len(runs)} interleaved runs" if len(runs) > 1 else "")))
     return out
 
