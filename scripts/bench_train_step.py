@@ -113,8 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="model.compile(mode=...) after patching (no value: the default mode)")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved runs of all variants (median and spread)")
     ap.add_argument("--no-cudnn-attention", action="store_true",
-                    help="torch.backends.cuda.enable_cudnn_sdp(False) in every variant (compiled Hugging Face "
-                         "models pass SDPA a mask, and the cuDNN backend it then picks was 2.8x slower than flash)")
+                    help="torch.backends.cuda.enable_cudnn_sdp(False) in every variant (under model.compile() "
+                         "SDPA ran its cuDNN kernels on the H200, slower there than the flash kernels eager runs)")
     ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--result-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
