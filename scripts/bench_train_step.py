@@ -369,9 +369,9 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
 
 def _label(args: argparse.Namespace, variant: str) -> str:
     name = {"hf": "hugging-face"}.get(variant, variant)
-    if not args.compile:
-        return name
-    return f"{name} + compile" + ("" if args.compile == "default" else f" ({args.compile})")
+    if args.compile:
+        name = f"{name} + compile" + ("" if args.compile == "default" else f" ({args.compile})")
+    return name + (" (cuDNN attention off)" if args.no_cudnn_attention else "")
 
 
 def records(args: argparse.Namespace, results: list[dict]) -> list[dict]:
