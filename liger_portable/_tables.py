@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .hardware import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS, DeviceInfo
+from .hardware import ALL_BACKEND_OPTIONS, ARCH_OPTION_VALUES, BACKEND_OPTIONS, OPTION_RULES, DeviceInfo
 from .specs import SPECS, KernelSpec
 
 SCHEMA = 1
@@ -84,21 +84,26 @@ class Limits:
 
 
 def check_config(
-    cfg: Any, spec: KernelSpec, backend: str, limits: Limits, where: str, *, partial: bool = False
+    cfg: Any, spec: KernelSpec, backend: str, limits: Limits, where: str, *, partial: bool = False,
+    arch: str = "",
 ) -> None:
-    """Raise :class:`ConfigError` if ``cfg`` is not a legal config of ``spec`` on ``limits``."""
+    """Raise :class:`ConfigError` if ``cfg`` is not a legal config of ``spec`` on ``limits`` (and on
+    ``arch`` where given: some archs accept fewer option values)."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: config must be an object, got {type(cfg).__name__}")
     for name, value in cfg.items():
         if name == "num_warps":
             if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ConfigError(f"{where}: field 'num_warps' must be a power of two >= 1, got {value!r}")
-            threads = value * limits.warp_size
+            # the sub-group size the config sets (XPU), else the device's warp size
+            warp = cfg.get("threads_per_warp", limits.warp_size)
+            warp = warp if isinstance(warp, int) and not isinstance(warp, bool) else limits.warp_size
+            threads = value * warp
             if threads > limits.max_threads_per_block:
                 raise ConfigError(
                     f"{where}: field 'num_warps'={value} gives {threads} threads per block "
-                    f"(warp size {limits.warp_size}) over the limit of {limits.max_threads_per_block}; "
-                    f"use num_warps <= {limits.max_threads_per_block // limits.warp_size}"
+                    f"(warp size {warp}) over the limit of {limits.max_threads_per_block}; "
+                    f"use num_warps <= {limits.max_threads_per_block // warp}"
                 )
         elif name == "num_stages":
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
@@ -115,6 +120,13 @@ def check_config(
                     f"raises KeyError for it at launch. Allowed options here: "
                     f"{sorted(BACKEND_OPTIONS[backend]) or 'none'}"
                 )
+            rule = OPTION_RULES[name]
+            err = rule.check(value)
+            narrower = ARCH_OPTION_VALUES.get(arch, {}).get(name)
+            if err is None and narrower is not None and value not in narrower:
+                err = f"must be one of {list(narrower)} on {arch}, got {value!r}"
+            if err:
+                raise ConfigError(f"{where}: field {name!r} ({rule.doc}) {err}")
         else:
             raise ConfigError(
                 f"{where}: unknown field {name!r}; expected num_warps, num_stages, "

@@ -292,7 +292,7 @@ def table_default(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> 
     cfg = dict(cfg)
     spec, limits = SPECS[kernel], Limits.of(device)
     try:
-        check_config(cfg, spec, device.backend, limits, "table default")
+        check_config(cfg, spec, device.backend, limits, "table default", arch=device.arch)
     except ConfigError:
         cfg = _fit_to_device(cfg, limits)
     return cfg
@@ -377,7 +377,7 @@ def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtyp
     """The first legal tuned config in the caches (user, then shipped), or ``None``."""
     for cfg, where in autotune_cache.lookup(spec, device, named, dtype):
         try:
-            check_config(cfg, spec, device.backend, limits, f"{where} kernel {spec.name!r}")
+            check_config(cfg, spec, device.backend, limits, f"{where} kernel {spec.name!r}", arch=device.arch)
         except ConfigError as e:
             _warn_once(f"liger_portable: ignoring a cached config: {e}")
             continue
@@ -417,10 +417,10 @@ def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: to
     table = load_table(device.backend)
     cfg, where = table_config(table, device.arch, kernel, named)
     try:
-        check_config(cfg, spec, device.backend, limits, f"{where} kernel {kernel!r}")
+        check_config(cfg, spec, device.backend, limits, f"{where} kernel {kernel!r}", arch=device.arch)
     except ConfigError as e:
         fitted = _fit_to_device(cfg, limits)
-        check_config(fitted, spec, device.backend, limits, f"{where} kernel {kernel!r} (fitted)")
+        check_config(fitted, spec, device.backend, limits, f"{where} kernel {kernel!r} (fitted)", arch=device.arch)
         _warn_once(
             f"liger_portable: {e}. Device {device.name} ({device.arch}) has smaller limits than the "
             f"{table.path.name} section used; using num_warps={fitted['num_warps']} instead"

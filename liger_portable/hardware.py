@@ -10,7 +10,7 @@ context:
   shared memory per block) on first use, once per device index.
 
 Everything else in the package asks these objects; no other module looks at ``torch.version.hip``
-or at device-type strings (design.md, "Invariants").
+or at device-type strings.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ ENV_BACKEND = "LIGER_PORTABLE_BACKEND"
 TORCH_DEVICE_TYPE = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "cpu": "cpu"}
 
 # Launch options only one vendor's Triton backend understands. Another vendor's Triton raises
-# ``KeyError`` at launch for them (facts.md), so they must never cross over.
+# ``KeyError`` at launch for them, so they must never cross over.
 BACKEND_OPTIONS: dict[str, frozenset[str]] = {
     "cuda": frozenset({"maxnreg"}),
     "rocm": frozenset({"waves_per_eu", "matrix_instr_nonkdim", "kpack"}),
@@ -37,6 +37,64 @@ BACKEND_OPTIONS: dict[str, frozenset[str]] = {
     "cpu": frozenset(),
 }
 ALL_BACKEND_OPTIONS = frozenset().union(*BACKEND_OPTIONS.values())
+
+
+@dataclass(frozen=True)
+class OptionRule:
+    """The values a table or cache may give one backend launch option (as the tables spell it;
+    :func:`launch_options` spells it as the installed Triton wants). ``values``: the allowed ones,
+    or None for any integer in ``[lo, hi]``."""
+
+    doc: str
+    values: tuple | None = None
+    lo: int = 0
+    hi: int = 0
+
+    def check(self, value) -> str | None:
+        if self.values is not None:
+            return None if value in self.values and type(value) in {type(v) for v in self.values} else (
+                f"must be one of {list(self.values)}, got {value!r}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or not self.lo <= value <= self.hi:
+            return f"must be an integer in [{self.lo}, {self.hi}], got {value!r}"
+        return None
+
+
+OPTION_RULES: dict[str, OptionRule] = {
+    # NVIDIA: ptxas's .maxnreg; a thread has at most 255 registers.
+    "maxnreg": OptionRule("registers per thread", lo=16, hi=255),
+    # AMD: an occupancy hint, waves per SIMD (a CDNA SIMD holds at most 8); 0: none.
+    "waves_per_eu": OptionRule("waves per SIMD occupancy hint (0: none)", lo=0, hi=8),
+    "matrix_instr_nonkdim": OptionRule("MFMA instruction size (0: the compiler picks)", values=(0, 16, 32)),
+    "kpack": OptionRule("MFMA k-packing", values=(1, 2)),
+    # Intel: "256" is the large register file (256 registers a thread at half the threads per EU).
+    "grf_mode": OptionRule("register file mode", values=("default", "256")),
+    "threads_per_warp": OptionRule("work-items per sub-group", values=(16, 32)),
+}
+
+# Per arch, options narrower than OPTION_RULES: gfx950 compiles only kpack=1 (triton #6412, #7518).
+ARCH_OPTION_VALUES: dict[str, dict[str, tuple]] = {"gfx950": {"kpack": (1,)}}
+
+
+def _version_at_least(version: str | None, major: int, minor: int) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (major, minor)
+
+
+def launch_options(backend: str, options: dict, triton_version: str | None) -> dict:
+    """Backend options as the installed Triton spells them. Intel's Triton renamed
+    ``threads_per_warp`` to ``warp_size`` in 3.6 (intel-xpu-backend-for-triton #5122: the old name
+    raises KeyError there) and spells the large register file ``"256"`` from 3.6 (#5430; before,
+    ``"large"``, and ``"256"`` was ignored). The tables use ``threads_per_warp`` and ``"256"``."""
+    if backend != "xpu" or not options:
+        return options
+    out = dict(options)
+    if _version_at_least(triton_version, 3, 6):
+        if "threads_per_warp" in out:
+            out["warp_size"] = out.pop("threads_per_warp")
+    elif out.get("grf_mode") == "256":
+        out["grf_mode"] = "large"
+    return out
 
 
 class PlatformError(RuntimeError):

@@ -915,8 +915,13 @@ def test_user_file_without_the_entry_falls_through_to_shipped(user_dir, shipped_
         ({**TUNED, "waves_per_eu": 2}, "waves_per_eu"),  # an AMD option on NVIDIA
         ({k: v for k, v in TUNED.items() if k != "BLOCK_M"}, "BLOCK_M"),
         ({**TUNED, "BLOCK_M": 3}, "BLOCK_M"),
+        ({**TUNED, "maxnreg": "abc"}, "maxnreg"),  # each crashed a real H200 launch with a TypeError
+        ({**TUNED, "maxnreg": 1e9}, "maxnreg"),
+        ({**TUNED, "maxnreg": [1, 2]}, "maxnreg"),
+        ({**TUNED, "maxnreg": 300}, "maxnreg"),
     ],
-    ids=["too-many-warps", "foreign-option", "missing-param", "not-pow2"],
+    ids=["too-many-warps", "foreign-option", "missing-param", "not-pow2", "maxnreg-str", "maxnreg-huge-float",
+         "maxnreg-list", "maxnreg-over-255"],
 )
 def test_illegal_cached_config_skipped_with_warning(user_dir, bad, why):
     dev = device("cuda-sm90")
@@ -1035,3 +1040,62 @@ def test_every_kernel_declares_the_problem_info_shows():
         assert spec.shown is not None, name
         label, problem = spec.shown
         assert label and len(problem) == len(spec.key), name
+
+
+# --------------------------------------------------------------------------- backend option values
+
+
+@pytest.mark.parametrize(
+    "backend, name, good, bad",
+    [
+        ("cuda", "maxnreg", [16, 128, 255], ["abc", 1e9, [1, 2], 300, 8, True]),
+        ("rocm", "waves_per_eu", [0, 1, 4, 8], ["abc", 9, -1, 2.0]),
+        ("rocm", "matrix_instr_nonkdim", [0, 16, 32], [8, "16", 64]),
+        ("rocm", "kpack", [1, 2], [0, 3, "2", True]),
+        ("xpu", "grf_mode", ["default", "256"], ["large", "small", 256, "auto"]),
+        ("xpu", "threads_per_warp", [16, 32], [8, 64, "32"]),
+    ],
+)
+def test_backend_option_values_are_checked(backend, name, good, bad):
+    """A launch option's value is checked by type and range, not only its name (a table or cache
+    value the vendor's Triton rejects would fail the launch, or be silently ignored)."""
+    spec = SPECS["rms_norm_fwd"]
+    limits = Limits(32, 1024, 65536)
+    for v in good:
+        check_config({name: v}, spec, backend, limits, "t", partial=True)
+    for v in bad:
+        with pytest.raises(ConfigError, match=f"field '{name}'"):
+            check_config({name: v}, spec, backend, limits, "t", partial=True)
+
+
+def test_kpack_on_gfx950_is_1_only():
+    spec, limits = SPECS["rms_norm_fwd"], Limits(64, 1024, 163840)
+    check_config({"kpack": 2}, spec, "rocm", limits, "t", partial=True, arch="gfx942")
+    with pytest.raises(ConfigError, match="kpack.*gfx950"):
+        check_config({"kpack": 2}, spec, "rocm", limits, "t", partial=True, arch="gfx950")
+    check_config({"kpack": 1}, spec, "rocm", limits, "t", partial=True, arch="gfx950")
+
+
+def test_xpu_sub_group_size_counts_in_the_threads_limit():
+    """num_warps counts sub-groups of the config's threads_per_warp where it sets one."""
+    spec, limits = SPECS["rms_norm_fwd"], Limits(16, 1024, 65536)
+    check_config({"num_warps": 64}, spec, "xpu", limits, "t", partial=True)  # 64 x 16
+    with pytest.raises(ConfigError, match="2048 threads per block"):
+        check_config({"num_warps": 64, "threads_per_warp": 32}, spec, "xpu", limits, "t", partial=True)
+
+
+@pytest.mark.parametrize(
+    "triton_version, expect",
+    [
+        ("3.6.0", {"warp_size": 32, "grf_mode": "256", "num_warps": 8}),
+        ("3.7.0+git1234", {"warp_size": 32, "grf_mode": "256", "num_warps": 8}),
+        ("3.5.0", {"threads_per_warp": 32, "grf_mode": "large", "num_warps": 8}),
+        (None, {"threads_per_warp": 32, "grf_mode": "large", "num_warps": 8}),
+    ],
+)
+def test_xpu_options_spelled_as_the_installed_triton_wants(triton_version, expect):
+    """The tables write threads_per_warp and grf_mode "256" once; Intel's Triton 3.6 renamed the
+    first to warp_size and spells the large register file "256", releases before spell it "large"."""
+    opts = {"threads_per_warp": 32, "grf_mode": "256", "num_warps": 8}
+    assert hardware.launch_options("xpu", opts, triton_version) == expect
+    assert hardware.launch_options("cuda", {"maxnreg": 128}, triton_version) == {"maxnreg": 128}

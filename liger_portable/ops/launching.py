@@ -29,7 +29,7 @@ import torch
 
 from .. import autotune_cache
 from ..configs import Resolved, resolve
-from ..hardware import DeviceInfo, on_reset
+from ..hardware import DeviceInfo, launch_options, on_reset, platform
 
 try:  # Triton >= 3.4: runtime knobs and the driver's current device and stream
     from triton import knobs as _knobs
@@ -248,10 +248,12 @@ autotune_cache.on_write(_drop_plans)
 
 
 def split_launch(cfg: Resolved) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A resolved config's launch keywords as (constexpr values, launch options)."""
+    """A resolved config's launch keywords as (constexpr values, launch options), the backend's
+    options spelled as the installed Triton wants them (:func:`~liger_portable.hardware.launch_options`)."""
     consts = {k: v for k, v in cfg.launch.items() if k[:1].isupper()}
     opts = {k: v for k, v in cfg.launch.items() if not k[:1].isupper()}
-    return consts, opts
+    p = platform()
+    return consts, launch_options(p.backend, opts, p.triton_version)
 
 
 def plan(kernel: str, dev: DeviceInfo, problem: tuple, dtype: torch.dtype, build: Callable, config: Resolved | None = None):

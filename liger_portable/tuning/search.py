@@ -84,7 +84,7 @@ def candidates(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> lis
             continue
         seen.add(k)
         try:
-            check_config(cfg, spec, device.backend, limits, "search")
+            check_config(cfg, spec, device.backend, limits, "search", arch=device.arch)
         except ConfigError:
             continue
         out.append(cfg)
