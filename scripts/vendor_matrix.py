@@ -37,6 +37,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import concurrent.futures as cf
 import hashlib
 import json
@@ -59,7 +60,9 @@ if str(ROOT) not in sys.path:
 
 from liger_portable import compile_matrix as cm  # noqa: E402  (does not import Triton kernels)
 from liger_portable import configs  # noqa: E402
-from liger_portable.hardware import ALL_BACKEND_OPTIONS, BACKEND_OPTIONS  # noqa: E402
+from liger_portable.hardware import (  # noqa: E402
+    ALL_BACKEND_OPTIONS, ARCH_OPTION_VALUES, BACKEND_OPTIONS, OPTION_RULES, launch_options,
+)
 from liger_portable.specs import SPECS  # noqa: E402
 
 
@@ -109,6 +112,13 @@ XPU_TARGETS: dict[str, Target] = {
 # registers per thread and halve the threads, so they refuse num_warps > 32.
 GRF_MODES = {"default", "auto", "small", "large", "128", "256", "512"}
 LARGE_GRF = {"large", "256", "512"}
+# What Intel's Triton accepts per release (intel-xpu-backend-for-triton #5122: threads_per_warp
+# renamed warp_size in 3.6.0; #5430: grf_mode '256' from 3.6.0, 'large'/'small' before): the
+# options the package hands each release (hardware.launch_options) must be spelled its way.
+INTEL_TRITON = {
+    "3.5.0": {"options": {"grf_mode", "threads_per_warp"}, "grf_mode": {"default", "auto", "small", "large"}},
+    "3.6.0": {"options": {"grf_mode", "warp_size"}, "grf_mode": {"default", "auto", "128", "256", "512"}},
+}
 # The 32-wide target whose compile stands in for Intel's SLM use.
 XPU_SMEM_PROXY = ("cuda", 90, 32)
 DTYPE = "bfloat16"
@@ -195,7 +205,24 @@ def static_failures(item: Item) -> list[str]:
             f"{head}: option {k!r} is a {owner} launch option; the {t.backend} Triton backend raises "
             f"KeyError for it at launch (limit: only {sorted(BACKEND_OPTIONS[t.backend])} allowed)"
         )
+    for k in sorted(k for k in cfg if k in OPTION_RULES and k in BACKEND_OPTIONS[t.backend]):
+        err = OPTION_RULES[k].check(cfg[k])
+        narrower = ARCH_OPTION_VALUES.get(t.name, {}).get(k)
+        if err is None and narrower is not None and cfg[k] not in narrower:
+            err = f"must be one of {list(narrower)} on {t.name}, got {cfg[k]!r}"
+        if err:
+            out.append(f"{head}: option {k} ({OPTION_RULES[k].doc}) {err}")
     if t.backend == "xpu":
+        opts = {k: v for k, v in cfg.items() if k in BACKEND_OPTIONS["xpu"]}
+        for version, accepts in INTEL_TRITON.items():
+            spelled = launch_options("xpu", opts, version)
+            unknown = sorted(set(spelled) - accepts["options"])
+            if unknown:
+                out.append(f"{head}: Intel Triton {version} raises KeyError for option(s) {unknown} "
+                           f"(the package passes {spelled})")
+            if "grf_mode" in spelled and spelled["grf_mode"] not in accepts["grf_mode"]:
+                out.append(f"{head}: Intel Triton {version} does not accept grf_mode={spelled['grf_mode']!r} "
+                           f"(limit: {sorted(accepts['grf_mode'])})")
         if "threads_per_warp" in cfg and cfg["threads_per_warp"] not in t.sub_group_sizes:
             out.append(f"{head}: threads_per_warp={cfg['threads_per_warp']} is not a sub-group size of "
                        f"{t.name} (limit: {list(t.sub_group_sizes)})")
@@ -285,6 +312,33 @@ def _cuobjdump() -> str | None:
     return str(path) if path.exists() else None
 
 
+def compiler_errors(text: str) -> list[str]:
+    """The error lines a compiler printed (LLVM: ``error:``, and its "can't parse" attribute notes)."""
+    return [line.strip() for line in text.splitlines()
+            if re.search(r"\berror\b|can't parse|cannot parse", line, re.IGNORECASE)]
+
+
+@contextlib.contextmanager
+def _stderr_text():
+    """What is written to file descriptor 2 inside the block (the C++ compilers print there), as
+    the first item of the yielded list once the block ends; it is also passed on to stderr."""
+    got = [""]
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield got
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            got[0] = tmp.read().decode(errors="replace")
+            if got[0]:
+                sys.stderr.write(got[0])
+
+
 def compile_job(job: Job) -> dict:
     """Compile one job (in a worker) and read what the checks need."""
     import importlib
@@ -297,10 +351,14 @@ def compile_job(job: Job) -> dict:
     t0 = time.perf_counter()
     try:
         src = ASTSource(fn, job.signature, job.constexprs, job.attrs)
-        k = triton.compile(src, target=GPUTarget(*job.target), options=dict(job.options))
+        with _stderr_text() as printed:
+            k = triton.compile(src, target=GPUTarget(*job.target), options=dict(job.options))
     except Exception as e:  # the compiler's message is the report
         msg = str(e).strip().splitlines()
         return {"error": f"{type(e).__name__}: {msg[-1] if msg else ''}"[:400], "seconds": time.perf_counter() - t0}
+    errors = compiler_errors(printed[0])
+    if errors:  # LLVM reports some bad attributes ("can't parse ...") on stderr and carries on
+        return {"error": f"the compiler printed: {errors[0]}"[:400], "seconds": time.perf_counter() - t0}
     md = k.metadata
     res: dict[str, Any] = {"shared": int(md.shared), "num_warps": int(md.num_warps), "seconds": 0.0}
     res["options"] = {o: getattr(md, o, None) for o in job.options if o not in ("num_warps", "num_stages")}

@@ -111,13 +111,47 @@ def test_xpu_static_checks():
     def fails(cfg):
         return vm.static_failures(vm.Item("rms_norm_fwd", pvc, cfg, {"n_cols": 4096}, "test"))
 
-    assert fails({"num_warps": 32, "BLOCK_M": 1, "BLOCK_N_MAX": 8192, "grf_mode": "large"}) == []
+    assert fails({"num_warps": 32, "BLOCK_M": 1, "BLOCK_N_MAX": 8192, "grf_mode": "256"}) == []
+    # the tables spell the large register file "256" (the package hands older Intel Tritons "large")
+    f = fails({"num_warps": 32, "BLOCK_M": 1, "BLOCK_N_MAX": 8192, "grf_mode": "large"})
+    assert any("option grf_mode" in x for x in f) and any("Intel Triton 3.6.0 does not accept" in x for x in f)
     assert any("2048 threads per block, over the limit of 1024" in f for f in fails({"num_warps": 64}))
     assert any("grf_mode='huge'" in f for f in fails({"num_warps": 8, "grf_mode": "huge"}))
     f = fails({"num_warps": 64, "threads_per_warp": 16, "grf_mode": "large"})
     assert any("large GRF halves the threads (limit: num_warps <= 32)" in x for x in f)
     assert any("is a cuda launch option" in x for x in fails({"num_warps": 8, "maxnreg": 128}))
     assert any("threads_per_warp=8 is not a sub-group size" in x for x in fails({"num_warps": 8, "threads_per_warp": 8}))
+
+
+def test_option_values_per_target_and_intel_release(monkeypatch):
+    """Option values are checked per target arch (kpack=2 does not compile for gfx950), and the
+    options handed to each Intel Triton release are spelled its way; without the translation the
+    check fails (3.6 renamed threads_per_warp, 3.5 does not know grf_mode '256')."""
+    vm = _load_script()
+
+    def fails(target, cfg):
+        t = vm.TARGETS.get(target) or vm.XPU_TARGETS[target]
+        return vm.static_failures(vm.Item("rms_norm_fwd", t, cfg, {"n_cols": 4096}, "test"))
+
+    assert fails("gfx942", {"num_warps": 4, "kpack": 2}) == []
+    assert any("kpack" in x and "gfx950" in x for x in fails("gfx950", {"num_warps": 4, "kpack": 2}))
+    assert any("waves_per_eu" in x for x in fails("gfx942", {"num_warps": 4, "waves_per_eu": "abc"}))
+    xpu = {"num_warps": 8, "threads_per_warp": 32, "grf_mode": "256"}
+    assert fails("xe-hpc", xpu) == []
+    monkeypatch.setattr(vm, "launch_options", lambda backend, options, version: options)
+    f = fails("xe-hpc", xpu)
+    assert any("Intel Triton 3.6.0 raises KeyError for option(s) ['threads_per_warp']" in x for x in f)
+    assert any("Intel Triton 3.5.0 does not accept grf_mode='256'" in x for x in f)
+
+
+def test_errors_a_compiler_prints_are_caught():
+    """A compile that returns but printed an error on file descriptor 2 (LLVM's "can't parse" for a
+    bad attribute) is a failure: the stderr of the C++ compilers is read around each compile."""
+    vm = _load_script()
+    with vm._stderr_text() as printed:
+        os.write(2, b"LLVM ERROR: nothing\n'amdgpu-waves-per-eu': can't parse first integer attribute abc\n")
+    assert len(vm.compiler_errors(printed[0])) == 2
+    assert vm.compiler_errors("remark: all good\nwarning: unused\n") == []
 
 
 def test_descriptions_cover_every_kernel_argument():
