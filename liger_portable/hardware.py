@@ -111,7 +111,9 @@ class DeviceInfo:
         name: marketing name as the driver reports it, e.g. ``NVIDIA H200``.
         arch: ``sm90``, ``gfx942``, ``xe-hpc`` ... (the key of a table's arch section).
         warp_size: threads per warp / wavefront / sub-group that ``num_warps`` counts in.
-        compute_units: streaming multiprocessors, compute units or Xe cores.
+        compute_units: streaming multiprocessors, compute units or Xe cores, as the driver counts
+            them; on RDNA (gfx10-gfx12) the driver counts work-group processors, two CUs each
+            (ROCm/hip #3198), and the tables' rdna rules are written per such unit.
         max_threads_per_block: largest work-group the device launches.
         shared_mem_per_block: bytes of shared memory / LDS / SLM one block may use.
 
