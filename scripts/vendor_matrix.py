@@ -84,6 +84,7 @@ class Target:
     what: str
     sub_group_sizes: tuple = ()  # Intel only
     max_sub_groups: int = 0  # Intel only
+    units: int = 0  # compute units as the driver reports them (a persistent grid's PROGRAMS_PER_CU unit)
 
 
 TARGETS: dict[str, Target] = {
@@ -92,10 +93,11 @@ TARGETS: dict[str, Target] = {
         Target("sm80", "cuda", ("cuda", 80, 32), 32, 1024, 166_912, "A100: 166,912 B shared (opt-in)"),
         Target("sm90", "cuda", ("cuda", 90, 32), 32, 1024, 232_448, "H100/H200: 232,448 B shared (read on an H200)"),
         Target("sm100", "cuda", ("cuda", 100, 32), 32, 1024, 232_448, "B200: about 227 KB shared"),
-        Target("gfx90a", "rocm", ("hip", "gfx90a", 64), 64, 1024, 65_536, "MI200: wave64, 64 KiB LDS"),
-        Target("gfx942", "rocm", ("hip", "gfx942", 64), 64, 1024, 65_536, "MI300: wave64, 64 KiB LDS"),
-        Target("gfx950", "rocm", ("hip", "gfx950", 64), 64, 1024, 163_840, "MI350: wave64, 160 KiB LDS"),
-        Target("gfx1100", "rocm", ("hip", "gfx1100", 32), 32, 1024, 65_536, "RDNA3: wave32, 64 KiB LDS"),
+        Target("gfx90a", "rocm", ("hip", "gfx90a", 64), 64, 1024, 65_536, "MI200: wave64, 64 KiB LDS", units=110),
+        Target("gfx942", "rocm", ("hip", "gfx942", 64), 64, 1024, 65_536, "MI300: wave64, 64 KiB LDS", units=304),
+        Target("gfx950", "rocm", ("hip", "gfx950", 64), 64, 1024, 163_840, "MI350: wave64, 160 KiB LDS", units=256),
+        # RDNA3: the driver reports 48 work-group processors of two CUs each (ROCm/hip #3198)
+        Target("gfx1100", "rocm", ("hip", "gfx1100", 32), 32, 1024, 65_536, "RDNA3: wave32, 64 KiB LDS", units=48),
     )
 }
 # Intel: static checks only (the public Triton wheel has no XPU backend).
@@ -234,6 +236,28 @@ def static_failures(item: Item) -> list[str]:
         elif grf in LARGE_GRF and nw > 32:
             out.append(f"{head}: grf_mode={grf!r} with num_warps={nw}: large GRF halves the threads "
                        "(limit: num_warps <= 32)")
+    return out
+
+
+# AMD's MI300X Triton tuning guide asks for about this many work-groups to fill the GPU.
+AMD_WORK_GROUPS = 1024
+
+
+def grid_notes(item: Item) -> list[str]:
+    """Notes (not failures) on a persistent kernel's grid on an AMD target: the work-groups it
+    launches at training sizes (units x PROGRAMS_PER_CU) against AMD's recommendation, and on RDNA,
+    where a unit is a work-group processor of two CUs, fewer programs than CUs."""
+    t, cfg = item.target, item.cfg
+    ppc = cfg.get("PROGRAMS_PER_CU")
+    if t.backend != "rocm" or not ppc or not t.units:
+        return []
+    out = []
+    groups = t.units * ppc
+    if groups < AMD_WORK_GROUPS and t.name.startswith("gfx9"):  # the guide is for CDNA
+        out.append(f"{t.name}: persistent grids of {groups} work-groups ({t.units} x PROGRAMS_PER_CU {ppc}); "
+                   f"AMD's MI300X guide asks for about {AMD_WORK_GROUPS}")
+    if t.name.startswith("gfx1") and ppc < 2:
+        out.append(f"{t.name}: PROGRAMS_PER_CU {ppc} per work-group processor (two CUs): fewer programs than CUs")
     return out
 
 
@@ -577,6 +601,7 @@ def main(argv=None) -> int:
                 if cfg_sig not in seen_cfg:
                     seen_cfg.add(cfg_sig)
                     cell.configs += 1
+                notes += [n for n in grid_notes(item) if n not in notes]
                 fails = static_failures(item)
                 if fails:
                     cell.failures += len(fails)

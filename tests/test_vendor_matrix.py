@@ -144,6 +144,24 @@ def test_option_values_per_target_and_intel_release(monkeypatch):
     assert any("Intel Triton 3.5.0 does not accept grf_mode='256'" in x for x in f)
 
 
+def test_grid_notes_on_amd_targets():
+    """Persistent grids are compared with AMD's work-group recommendation (a note, not a failure:
+    aiter measured one program per CU), and on RDNA, whose driver counts two-CU work-group
+    processors, fewer programs than CUs are noted."""
+    vm = _load_script()
+
+    def notes(target, ppc):
+        cfg = {"num_warps": 8, "BLOCK_M": 1, "BLOCK_N_MAX": 16384, "PROGRAMS_PER_CU": ppc}
+        return vm.grid_notes(vm.Item("rms_norm_bwd", vm.TARGETS[target], cfg, {"n_cols": 4096}, "test"))
+
+    assert any("304 work-groups" in n and "1024" in n for n in notes("gfx942", 1))
+    assert notes("gfx942", 4) == []  # 1216 work-groups
+    assert any("fewer programs than CUs" in n for n in notes("gfx1100", 1))
+    assert not any("fewer programs than CUs" in n for n in notes("gfx1100", 2))
+    assert vm.grid_notes(vm.Item("rms_norm_bwd", vm.TARGETS["sm90"], {"num_warps": 8, "PROGRAMS_PER_CU": 1},
+                                 {"n_cols": 4096}, "test")) == []
+
+
 def test_errors_a_compiler_prints_are_caught():
     """A compile that returns but printed an error on file descriptor 2 (LLVM's "can't parse" for a
     bad attribute) is a failure: the stderr of the C++ compilers is read around each compile."""
