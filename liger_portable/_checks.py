@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
+
+# The largest float32: a larger option overflows inside the kernels (and their fp32 fallback).
+_FP32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def is_real(value: object) -> bool:
+    """A real number that is not a bool: Python's int and float, and NumPy's scalars alike."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
+def is_integer(value: object) -> bool:
+    """A whole number that is not a bool: Python's int and NumPy's integer scalars alike."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
+def check_real(name: str, value: object, what: str = "a number") -> float:
+    """``value`` as a finite Python float within float32's range, or a ValueError naming ``name``."""
+    if not is_real(value) or not math.isfinite(float(value)) or abs(float(value)) > _FP32_MAX:
+        raise ValueError(f"{name} must be {what} (finite, within float32's range), got {value!r}")
+    return float(value)
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -25,9 +46,10 @@ def check_choice(name: str, value: object, choices: tuple) -> None:
 
 
 def check_nonneg_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+    value_f = check_real(name, value, "a non-negative number")
+    if not value_f >= 0:
         raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    return float(value)
+    return value_f
 
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -35,26 +57,30 @@ REDUCTIONS = ("mean", "sum", "none")
 
 def check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss):
     """Checks shared by the cross-entropy entry points; returns the options as Python numbers."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+    if not is_integer(ignore_index):
         raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
     check_choice("reduction", reduction, REDUCTIONS)
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
+    if not is_real(label_smoothing) or not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
     lse_square_scale = check_nonneg_number("lse_square_scale", lse_square_scale)
     if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0:
-            raise ValueError(f"softcap must be a positive number (Gemma-2 uses 30.0) or None, got {softcap!r}")
+        # inf (or a value past float32's range) would make every logit 0 * inf: a NaN loss
+        if not is_real(softcap) or not math.isfinite(float(softcap)) or not 0 < softcap <= _FP32_MAX:
+            raise ValueError(
+                f"softcap must be a positive number (finite and within float32's range; Gemma-2 uses 30.0) "
+                f"or None for no cap, got {softcap!r}"
+            )
         softcap = float(softcap)
     if not isinstance(return_z_loss, bool):
         raise TypeError(f"return_z_loss must be True or False, got {return_z_loss!r}")
-    return float(label_smoothing), lse_square_scale, softcap
+    return float(label_smoothing), lse_square_scale, softcap, int(ignore_index)
 
 
 def check_chunk_mib(chunk_mib) -> int | None:
     """``chunk_mib`` as a Python int (None stays None), or a ValueError naming it."""
     if chunk_mib is None:
         return None
-    if isinstance(chunk_mib, bool) or not isinstance(chunk_mib, numbers.Integral) or chunk_mib < 1:
+    if not is_integer(chunk_mib) or chunk_mib < 1:
         raise ValueError(
             f"chunk_mib must be None (the device table's chunk) or a whole number of MiB >= 1, got {chunk_mib!r}"
         )

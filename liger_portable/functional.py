@@ -13,7 +13,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from . import _dtensor, fallback
-from ._checks import KERNEL_DTYPES, check_ce_options, check_choice, check_chunk_mib, check_float, check_nonneg_number
+from ._checks import KERNEL_DTYPES, check_ce_options, check_choice, check_chunk_mib, check_float, check_nonneg_number, check_real
 from ._checks import REDUCTIONS  # noqa: F401  (the reductions the losses accept, kept here too)
 from ._dispatch import kernel_device, same_device
 
@@ -84,8 +84,7 @@ def _check_rms_norm_args(x: torch.Tensor, weight: torch.Tensor, eps, offset, cas
             f"{tuple(x.shape)}, got {tuple(weight.shape)}"
         )
     check_choice("casting_mode", casting_mode, CASTING_MODES)
-    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
-        raise ValueError(f"offset must be a number, got {offset!r}")
+    check_real("offset", offset)
     return check_nonneg_number("eps", eps)
 
 
@@ -499,7 +498,7 @@ def cross_entropy(
     if logits.dim() == 0:
         raise ValueError("logits must have at least one dimension (the classes, last), got a scalar")
     _check_target(target, logits.shape[:-1], "logits.shape[:-1]: one class index per row of logits")
-    label_smoothing, lse_square_scale, softcap = check_ce_options(
+    label_smoothing, lse_square_scale, softcap, ignore_index = check_ce_options(
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     if not isinstance(inplace_backward, bool):
@@ -580,13 +579,17 @@ def fused_linear_cross_entropy(
             raise TypeError(f"bias has dtype {bias.dtype} but hidden has {hidden.dtype}; cast it, e.g. bias.to(hidden.dtype)")
         tensors["bias"] = bias
     _check_target(target, hidden.shape[:-1], "hidden.shape[:-1]: one class index per token")
-    label_smoothing, lse_square_scale, softcap = check_ce_options(
+    label_smoothing, lse_square_scale, softcap, ignore_index = check_ce_options(
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
     device = same_device(**tensors)
     chunk_mib = check_chunk_mib(chunk_mib)
     if weight.shape[0] == 0:
         raise ValueError("weight must have at least one class (its first dimension is 0)")
+    if hidden.shape[-1] == 0:
+        raise ValueError(
+            f"hidden must have a non-empty last dimension (the hidden size), got shape {tuple(hidden.shape)}"
+        )
     _check_target_range(target, weight.shape[0], ignore_index)
     dev = _kernel_device(_flce_ops, device, hidden)
     if dev is None:

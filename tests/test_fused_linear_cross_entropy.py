@@ -424,3 +424,37 @@ def test_kernel_gpu_chunk_mib(poison, monkeypatch, reduction):
         assert sizes == ([80] * 9 + [57]) * (2 if reduction == "none" else 1)
         for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3]), (bl.grad, ref[4])):
             assert rel_err(out, r) <= TOL[torch.bfloat16]
+
+
+def test_hidden_size_0_and_non_finite_options_are_argument_errors():
+    """Hidden size 0 gets an argument error (it failed in a reshape); a softcap of inf, or past
+    float32's range, made every loss NaN: refused, as are non-finite z-loss scales."""
+    h, w, b, t = _inputs(4, 8, 10, torch.float32)
+    with pytest.raises(ValueError, match=r"^hidden must have a non-empty last dimension \(the hidden size\), got shape \(4, 0\)"):
+        F.fused_linear_cross_entropy(h[:, :0], w[:, :0], t)
+    for bad in (float("inf"), float("nan"), 1e39):
+        with pytest.raises(ValueError, match=r"^softcap must be a positive number \(finite"):
+            F.fused_linear_cross_entropy(h, w, t, softcap=bad)
+        with pytest.raises(ValueError, match=r"^softcap must be a positive number \(finite"):
+            F.cross_entropy(h @ w.t(), t, softcap=bad)
+    with pytest.raises(ValueError, match=r"^lse_square_scale must be a non-negative number"):
+        F.fused_linear_cross_entropy(h, w, t, lse_square_scale=float("inf"))
+
+
+def test_numpy_scalars_are_numbers():
+    """Options given as NumPy scalars are taken as the Python numbers they stand for."""
+    np = pytest.importorskip("numpy")
+    h, w, b, t = _inputs(6, 8, 10, torch.float32)
+    t[1] = -100
+    ref = F.fused_linear_cross_entropy(h, w, t, softcap=5.0, label_smoothing=0.1, lse_square_scale=1e-3)
+    got = F.fused_linear_cross_entropy(
+        h, w, t, ignore_index=np.int64(-100), softcap=np.float32(5.0), label_smoothing=np.float64(0.1),
+        lse_square_scale=np.float32(1e-3), chunk_mib=np.int32(8),
+    )
+    assert rel_err(got, ref) <= 1e-6
+    x, wn = torch.randn(3, 8), torch.rand(8)
+    assert torch.equal(F.rms_norm(x, wn, np.float32(1e-6), offset=np.float64(0.0)), F.rms_norm(x, wn, 1e-6))
+    with pytest.raises(TypeError, match=r"^ignore_index must be an int"):
+        F.fused_linear_cross_entropy(h, w, t, ignore_index=np.float32(-100))
+    with pytest.raises(TypeError, match=r"^ignore_index must be an int"):
+        F.fused_linear_cross_entropy(h, w, t, ignore_index=np.bool_(True))
