@@ -237,6 +237,29 @@ def test_wrapped_projection_moves_over():
     assert abs(model(**data).loss.item() - ref_call(ref, **data).loss.item()) <= TOL * 10
 
 
+@pytest.mark.parametrize("family", ["llama", "phi3", "gemma"])
+def test_patch_meta_device_model(family):
+    """A model built on the meta device (how large models are built before their weights load) is
+    patched: meta parameters are parameters. Its MLPs and norms are swapped, holding the same
+    Parameter objects, and still on meta; an MLP that lacks a projection is still refused."""
+    import transformers as tf
+
+    config = tiny_config(family)
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(config)
+    mlp = model.model.layers[0].mlp
+    projections = {n: c for n, c in mlp.named_children() if n.endswith("proj")}
+    lpt.patch(model)
+    new = model.model.layers[0].mlp
+    assert type(new).__module__.startswith("liger_portable") and type(model.model.norm).__module__.startswith("liger_portable")
+    assert all(getattr(new, n) is c for n, c in projections.items())
+    assert all(p.is_meta for p in model.parameters())
+    broken = tiny_model("llama")
+    del broken.model.layers[0].mlp.up_proj
+    with pytest.raises(ValueError, match=r"lacks up_proj"):
+        lpt.patch(broken)
+
+
 @pytest.mark.parametrize("family", ["phi3", "gemma"])
 def test_gradient_checkpointing(family):
     """Under Hugging Face's gradient checkpointing the layers run twice; the fused MLP's in-place

@@ -186,13 +186,18 @@ def _swap_mlp(family: Family, old: nn.Module) -> nn.Module:
     with torch.device("meta"):  # the new projections are replaced by the old ones below
         new = cls(old.config)
     # The projections move over as they are (also when wrapped, e.g. by LoRA); the activation stays behind.
+    # Every one of the new module's children must come from the old one (a model built on the meta
+    # device has meta parameters: those are its parameters too).
+    moved = set()
     for name, child in old.named_children():
         if isinstance(getattr(new, name, None), nn.Module):
             setattr(new, name, child)
-    if any(t.is_meta for t in (*new.parameters(), *new.buffers())):
+            moved.add(name)
+    missing = sorted(n for n, _ in new.named_children() if n not in moved)
+    if missing:
         raise ValueError(
-            f"cannot swap {type(old).__name__}: it lacks some of {sorted(n for n, _ in new.named_children())}; "
-            "pass swiglu=False to keep the model's MLP"
+            f"cannot swap {type(old).__name__}: it lacks {', '.join(missing)} (of "
+            f"{sorted(n for n, _ in new.named_children())}); pass swiglu=False to keep the model's MLP"
         )
     return new
 
