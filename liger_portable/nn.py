@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from . import functional as F
-from ._checks import check_ce_options, check_chunk_mib
+from ._checks import check_ce_options, check_choice, check_chunk_mib, check_nonneg_number, check_real
 
 __all__ = [
     "RMSNorm",
@@ -44,6 +44,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         if init not in ("ones", "zeros"):
             raise ValueError(f"init must be 'ones' or 'zeros', got {init!r}")
+        # checked here, not first at the first forward
+        check_choice("casting_mode", casting_mode, F.CASTING_MODES)
+        eps = check_nonneg_number("eps", eps)
+        offset = check_real("offset", offset)
         fill = torch.ones if init == "ones" else torch.zeros
         self.weight = nn.Parameter(fill(hidden_size, device=device, dtype=dtype))
         self.variance_epsilon = eps

@@ -299,3 +299,15 @@ def test_kernel_interpreter_nan_row_stays_in_its_row(poison, n_cols):
     assert torch.isnan(y[101]).all() and torch.isnan(xl.grad[101]).all()
     ry, rdx, _ = _reference(x[ok], w, dy[ok], 1e-6, 0.0, "llama")
     assert rel_err(y[ok], ry) <= 1e-5 and rel_err(xl.grad[ok], rdx) <= 1e-5
+
+
+def test_module_checks_its_options_at_construction():
+    """nn.RMSNorm refuses a bad casting_mode, eps or offset when built, not at its first forward."""
+    with pytest.raises(ValueError, match=r"^casting_mode must be one of"):
+        lnn.RMSNorm(8, casting_mode="bogus")
+    with pytest.raises(ValueError, match=r"^eps must be a non-negative number"):
+        lnn.RMSNorm(8, eps=-1)
+    with pytest.raises(ValueError, match=r"^offset must be a number"):
+        lnn.RMSNorm(8, offset=float("nan"))
+    m = lnn.RMSNorm(8, eps=1e-5, offset=1.0, casting_mode="gemma", init="zeros")
+    assert m.variance_epsilon == 1e-5 and m.offset == 1.0
