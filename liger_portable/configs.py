@@ -327,6 +327,22 @@ _memo_lock = threading.Lock()
 _warned: set[str] = set()
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def autotune_enabled() -> bool:
+    """``LIGER_PORTABLE_AUTOTUNE`` set to a true value (1, true, yes, on; any case). Another value
+    than those and the false ones (0, false, no, off, empty) costs one warning and means off."""
+    value = os.environ.get(ENV_AUTOTUNE, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value not in _FALSE:
+        _warn_once(f"liger_portable: {ENV_AUTOTUNE}={os.environ[ENV_AUTOTUNE]!r} is not a true or false value "
+                   f"(1/true/yes/on or 0/false/no/off); autotuning stays off")
+    return False
+
+
 def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
@@ -409,7 +425,7 @@ def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: to
     hit = _cached(spec, device, named, dtype, limits)
     if hit is not None:
         return hit
-    if os.environ.get(ENV_AUTOTUNE) == "1" and _miss_handler is not None:
+    if autotune_enabled() and _miss_handler is not None:
         if _miss_handler(kernel, device, problem, dtype):
             hit = _cached(spec, device, named, dtype, limits)
             if hit is not None:

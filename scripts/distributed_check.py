@@ -265,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
             for kind in ("ddp", "fsdp2"):
                 if kind in args.checks:
                     results.append(check_training(kind, dtype, device, args.steps))
-        if os.environ.get("LIGER_PORTABLE_AUTOTUNE") == "1":
+        from liger_portable.configs import autotune_enabled
+
+        if autotune_enabled():
             results.append(check_autotune_agreement())
     finally:
         ok = all(r["ok"] for r in results) and bool(results)

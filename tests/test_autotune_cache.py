@@ -423,6 +423,25 @@ def test_miss_without_env_uses_table_and_does_not_tune():
     assert hook.calls == [] and not user_file().exists()
 
 
+@pytest.mark.parametrize("value, tunes", [("true", True), ("YES", True), ("on", True), ("0", False),
+                                           ("off", False), ("", False)])
+def test_autotune_env_takes_the_usual_true_and_false_values(monkeypatch, value, tunes):
+    hook = _hook()
+    runtime.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, value)
+    resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
+    assert bool(hook.calls) is tunes
+
+
+def test_autotune_env_other_value_warns_and_stays_off(monkeypatch):
+    hook = _hook()
+    runtime.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "please")
+    with pytest.warns(RuntimeWarning, match="LIGER_PORTABLE_AUTOTUNE='please' is not a true or false value"):
+        assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+    assert hook.calls == []
+
+
 def test_autotune_env_miss_tunes_once_and_records(monkeypatch):
     cands = search.candidates(KERNEL, H200, NAMED)
     target = cands[-1]
