@@ -44,6 +44,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -246,6 +247,24 @@ def _held(fd: int, timeout: float | None) -> Iterator[bool]:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+def _open_lock_file(path: Path) -> int:
+    """Open (or create) a lock file for writing, refusing a symbolic link or anything but a regular
+    file: a link planted in a shared cache folder would otherwise have its target truncated and
+    written. Raises ``OSError`` naming the file."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if os.path.islink(path):
+            raise OSError(e.errno, f"{path} is a symbolic link; the package writes only regular files there: "
+                                   "remove it") from e
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file; remove it")
+    return fd
+
+
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Exclusive inter-process lock on ``<path>.lock`` (plus a thread lock in this process)."""
@@ -258,7 +277,7 @@ def _locked(path: Path) -> Iterator[None]:
             )
             yield
             return
-        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(path.with_name(path.name + ".lock"))
         try:
             with _held(fd, None):
                 yield
@@ -306,7 +325,7 @@ def tuning_lock(device: DeviceInfo, timeout: float | None) -> Iterator[bool]:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(path.parent, os.W_OK | os.X_OK):  # record() would fall back to memory
             raise PermissionError(errno.EACCES, "not writable", str(path.parent))
-        fd = os.open(tuning_lock_file(device), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(tuning_lock_file(device))
     except OSError as e:
         raise NoTuningLock(f"cannot lock in {path.parent}: {e}") from e
     try:
@@ -322,8 +341,27 @@ def tuning_lock(device: DeviceInfo, timeout: float | None) -> Iterator[bool]:
         os.close(fd)
 
 
+# A writer's temporary file lives for milliseconds; one older than this was left by a killed writer.
+STALE_TMP_S = 600.0
+
+
+def _remove_stale_tmp(path: Path) -> None:
+    """Delete the temporary files of ``path`` that killed writers left behind (regular files older
+    than :data:`STALE_TMP_S`); best effort."""
+    now = time.time()
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            st = os.lstat(tmp)
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > STALE_TMP_S:
+                os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync, and rename it over ``path``."""
+    """Write ``text`` to a temporary file beside ``path``, fsync, and rename it over ``path``
+    (removing temporary files that killed writers left)."""
+    _remove_stale_tmp(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:

@@ -78,7 +78,10 @@ def _one_big_memory_test_at_a_time(request):
     import gc
     import tempfile
 
-    with open(os.path.join(tempfile.gettempdir(), "liger_portable_big_memory_test.lock"), "w") as lock:
+    # per user, and never through a link: a shared fixed path could be planted or collide
+    path = os.path.join(tempfile.gettempdir(), f"liger_portable_big_memory_test.{os.getuid()}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if big else fcntl.LOCK_SH)
         try:
             yield

@@ -743,6 +743,39 @@ def test_unwritable_cache_single_process_tunes_in_memory(unwritable_autotune):
     assert len(hook.calls) == 1 and r.source == "user cache NVIDIA_H200.json (in memory)"
 
 
+@pytest.mark.parametrize("which", ["tuning lock", "write lock"])
+def test_lock_files_refuse_symbolic_links(tmp_path, which):
+    """A lock-file name planted as a symbolic link in the cache folder is refused: its target is
+    neither truncated nor written (the lock used to write "host pid N" into it)."""
+    target = tmp_path / "victim.txt"
+    target.write_text("precious")
+    cache = user_file()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    link = autotune_cache.tuning_lock_file(H200) if which == "tuning lock" else cache.with_name(cache.name + ".lock")
+    link.symlink_to(target)
+    with pytest.raises(OSError, match="symbolic link"):
+        if which == "tuning lock":
+            with autotune_cache.tuning_lock(H200, 1.0):
+                pass
+        else:
+            autotune_cache.write_entries(cache, "NVIDIA H200", {"k": {"config": CFG}})
+    assert target.read_text() == "precious" and link.is_symlink()
+
+
+def test_stale_temporary_files_are_removed_when_writing():
+    """Temporary files that killed writers left beside the cache file go at the next write; a
+    fresh one (a writer at work) stays."""
+    cache = user_file()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    stale, fresh = cache.with_name(f".{cache.name}.dead.tmp"), cache.with_name(f".{cache.name}.busy.tmp")
+    for f in (stale, fresh):
+        f.write_text("{")
+    old = time.time() - 2 * autotune_cache.STALE_TMP_S
+    os.utime(stale, (old, old))
+    autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    assert not stale.exists() and fresh.exists()
+
+
 def test_lock_timeout_setting(monkeypatch):
     monkeypatch.delenv(runtime.ENV_LOCK_TIMEOUT, raising=False)
     assert runtime.lock_timeout() == runtime.LOCK_TIMEOUT_S
