@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
 
 # The largest float32: a larger option overflows inside the kernels (and their fp32 fallback).
 _FP32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _finite32(x: float) -> bool:
+    """Finite and within float32's range (plain comparisons: they trace under torch.compile, where
+    math.isfinite breaks the graph). NaN fails the first, the infinities the second."""
+    return x == x and -_FP32_MAX <= x <= _FP32_MAX
 
 
 def is_real(value: object) -> bool:
@@ -23,7 +28,7 @@ def is_integer(value: object) -> bool:
 
 def check_real(name: str, value: object, what: str = "a number") -> float:
     """``value`` as a finite Python float within float32's range, or a ValueError naming ``name``."""
-    if not is_real(value) or not math.isfinite(float(value)) or abs(float(value)) > _FP32_MAX:
+    if not is_real(value) or not _finite32(float(value)):
         raise ValueError(f"{name} must be {what} (finite, within float32's range), got {value!r}")
     return float(value)
 
@@ -65,7 +70,7 @@ def check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale,
     lse_square_scale = check_nonneg_number("lse_square_scale", lse_square_scale)
     if softcap is not None:
         # inf (or a value past float32's range) would make every logit 0 * inf: a NaN loss
-        if not is_real(softcap) or not math.isfinite(float(softcap)) or not 0 < softcap <= _FP32_MAX:
+        if not is_real(softcap) or not _finite32(float(softcap)) or not softcap > 0:
             raise ValueError(
                 f"softcap must be a positive number (finite and within float32's range; Gemma-2 uses 30.0) "
                 f"or None for no cap, got {softcap!r}"

@@ -63,6 +63,14 @@ def _seed_per_test(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
+def big_memory_lock_path() -> str:
+    """The lock file of the big_memory tests: per user (a shared fixed path in the temp folder could
+    be planted as a link or collide with another user's run), opened without following links."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"liger_portable_big_memory_test.{os.getuid()}.lock")
+
+
 @pytest.fixture(autouse=True)
 def _one_big_memory_test_at_a_time(request):
     """Tests marked ``big_memory`` (tens of GiB of device memory: more than 2**31 elements) run alone
@@ -76,11 +84,8 @@ def _one_big_memory_test_at_a_time(request):
         return
     import fcntl
     import gc
-    import tempfile
 
-    # per user, and never through a link: a shared fixed path could be planted or collide
-    path = os.path.join(tempfile.gettempdir(), f"liger_portable_big_memory_test.{os.getuid()}.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = os.open(big_memory_lock_path(), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if big else fcntl.LOCK_SH)
         try:

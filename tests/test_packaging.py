@@ -174,10 +174,10 @@ def test_big_memory_tests_hold_the_exclusive_lock():
     """The conftest fixture behind ``big_memory``: while such a test runs, no other process (xdist
     worker) can take the lock, so two never run at once."""
     import fcntl
-    import os
-    import tempfile
 
-    with open(os.path.join(tempfile.gettempdir(), "liger_portable_big_memory_test.lock"), "w") as other:
+    from conftest import big_memory_lock_path
+
+    with open(big_memory_lock_path(), "a") as other:
         with pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
@@ -187,10 +187,10 @@ def test_gpu_tests_hold_a_shared_lock():
     """Every other GPU test holds the same lock shared: other GPU tests run beside it, a big_memory
     test waits until none runs."""
     import fcntl
-    import os
-    import tempfile
 
-    with open(os.path.join(tempfile.gettempdir(), "liger_portable_big_memory_test.lock"), "w") as other:
+    from conftest import big_memory_lock_path
+
+    with open(big_memory_lock_path(), "a") as other:
         with pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
