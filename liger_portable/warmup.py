@@ -45,14 +45,25 @@ DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.f
           "float32": torch.float32, "fp32": torch.float32}
 
 
+def _positive(text: str) -> int:
+    """An integer >= 1 (argparse reports anything else in one line, exit status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="liger-portable warmup", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("model", help=f"a preset ({', '.join(_warmup.PRESETS)}) or a Hugging Face config.json (or its folder)")
-    ap.add_argument("--tokens", type=int, nargs="+", default=[8192], help="tokens per step on one rank (default 8192)")
-    ap.add_argument("--seq-len", type=int, default=4096, help="sequence length; capped at --tokens (default 4096)")
+    ap.add_argument("--tokens", type=_positive, nargs="+", default=[8192], help="tokens per step on one rank (default 8192)")
+    ap.add_argument("--seq-len", type=_positive, default=4096, help="sequence length; capped at --tokens (default 4096)")
     ap.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=sorted(DTYPES), help="input dtypes")
     ap.add_argument("--loss", default="fused_linear_cross_entropy", choices=["fused_linear_cross_entropy", "cross_entropy"])
     ap.add_argument("--fused-add-norm", action="store_true", help="the layers use the fused residual-add RMSNorm")

@@ -156,3 +156,15 @@ def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypa
     assert f"[{len(probs)}/{len(probs)}]" in first.err and "elapsed" in first.err and "eta" in first.err
     assert [r["status"] for r in second["results"]] == ["cached"] * len(probs)
     assert len(timed) == n_timed  # the re-run timed nothing
+
+
+@pytest.mark.parametrize("args", [["--tokens", "0"], ["--tokens", "-5"], ["--seq-len", "0"], ["--tokens", "many"]])
+def test_cli_warmup_rejects_sizes_below_one(args, capsys):
+    """A token count or sequence length below 1 is an argument error (one line, exit status 2);
+    --tokens 0 ended in a ZeroDivisionError traceback."""
+    from liger_portable import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["warmup", "llama-3-8b", "--dry-run", *args])
+    assert e.value.code == 2
+    assert "expected a whole number >= 1" in capsys.readouterr().err
