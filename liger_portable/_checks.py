@@ -17,13 +17,14 @@ def _finite32(x: float) -> bool:
 
 
 def is_real(value: object) -> bool:
-    """A real number that is not a bool: Python's int and float, and NumPy's scalars alike."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+    """A real number that is not a bool: Python's int and float, and NumPy's scalars alike (NumPy's
+    bool is not a numbers.Real)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def is_integer(value: object) -> bool:
     """A whole number that is not a bool: Python's int and NumPy's integer scalars alike."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_real(name: str, value: object, what: str = "a number") -> float:

@@ -52,9 +52,9 @@ class OptionRule:
 
     def check(self, value) -> str | None:
         if self.values is not None:
-            return None if value in self.values and type(value) in {type(v) for v in self.values} else (
-                f"must be one of {list(self.values)}, got {value!r}"
-            )
+            if any(type(value) is type(v) and value == v for v in self.values):
+                return None
+            return f"must be one of {list(self.values)}, got {value!r}"
         if isinstance(value, bool) or not isinstance(value, int) or not self.lo <= value <= self.hi:
             return f"must be an integer in [{self.lo}, {self.hi}], got {value!r}"
         return None
