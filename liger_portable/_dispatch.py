@@ -37,10 +37,10 @@ def simulated() -> DeviceInfo | None:
     return _SIMULATED
 
 
-# What a call traced by torch.compile carries instead of its device's facts: the ops' custom ops look
+# What a call traced by torch.compile carries instead of its device's facts: the ops' kernel ops look
 # their device up when they run, and reading the facts while tracing (a lock on first use) broke
 # the graph at the first kernel call of a compiled model.
-TRACED = DeviceInfo("traced", -1, "traced by torch.compile: resolved when the custom op runs", "", 0, 0, 0, 0)
+TRACED = DeviceInfo("traced", -1, "traced by torch.compile: looked up by the kernel op", "", 0, 0, 0, 0)
 
 
 def kernel_device(device: torch.device) -> DeviceInfo | None:

@@ -58,7 +58,7 @@ def _kernel_device(ops, device: torch.device, x: torch.Tensor):
     """The :class:`~liger_portable.DeviceInfo` a call on ``x`` launches the Triton kernels of ``ops``
     with, or None for the fallback: Triton is present, ``device`` is the detected GPU backend's (or
     simulated), the dtype has kernels and there is work to do. (Under torch.compile the ops ignore
-    it: their custom ops look the device up themselves.)"""
+    it: their kernel ops look the device up themselves.)"""
     if ops is None or x.dtype not in KERNEL_DTYPES or x.numel() == 0:
         return None
     return kernel_device(device)

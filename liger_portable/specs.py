@@ -101,15 +101,34 @@ SOURCE_ROOT = Path(__file__).resolve().parent
 def source_hash(rel: str) -> str:
     """Hash of the file and of the sibling modules it imports (``from .cross_entropy import ...``),
     recursively: the fused linear cross-entropy launches cross_entropy.py's kernel, LayerNorm uses
-    _tiles.py's loads, and a change there must invalidate their tuned entries too."""
+    _tiles.py's loads, and a change there must invalidate their tuned entries too. A family's
+    autograd sections are left out (see :func:`versioned_text`)."""
     cached = _HASHES.get(rel)
     if cached is None:
         digest = hashlib.sha256()
         for path in source_files(SOURCE_ROOT / rel, set()):
-            digest.update(path.read_bytes())
+            digest.update(versioned_text(path.read_text()).encode())
         cached = digest.hexdigest()[:12]
         _HASHES[rel] = cached
     return cached
+
+
+# A section of a family's module starts at a line "# ----...---- <title>"; those whose title names
+# "autograd" (the autograd.Function and the torch.library ops that call the launch functions) decide
+# how a launch is reached, never which kernel a config launches or what the tuner measures.
+_SECTION = re.compile(r"^# -{20,} (.*)$", flags=re.MULTILINE)
+
+
+def versioned_text(text: str) -> str:
+    """``text`` without its autograd sections: what versions a kernel's tuned entries."""
+    kept, start, skipping = [], 0, False
+    for m in _SECTION.finditer(text):
+        if not skipping:
+            kept.append(text[start:m.start()])
+        start, skipping = m.start(), "autograd" in m.group(1)
+    if not skipping:
+        kept.append(text[start:])
+    return "".join(kept)
 
 
 # Sibling modules of the host's launch machinery (argument-binding cache, plan memo): they change how

@@ -275,7 +275,15 @@ def profile_steps(model, opt, ids: torch.Tensor, variant: str, steps: int) -> di
           f"({100 * busy_ms / wall_ms:.0f}%); kernels by device time per step:")
     for k in top:
         print(f"    {k['ms']:8.3f} ms  {k['calls']:5d} calls  {k['name']}")
-    return {"wall_ms": wall_ms, "busy_ms": busy_ms, "top": top}
+    # Host side: the operators with the most self CPU time (where a host-bound step's time goes).
+    host = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    host.sort(key=lambda e: -e.self_cpu_time_total)
+    top_host = [{"name": e.key[:90], "calls": e.count // steps, "ms": e.self_cpu_time_total / 1e3 / steps}
+                for e in host[:20]]
+    print(f"  {variant} host: operators by self CPU time per step:")
+    for k in top_host:
+        print(f"    {k['ms']:8.3f} ms  {k['calls']:5d} calls  {k['name']}")
+    return {"wall_ms": wall_ms, "busy_ms": busy_ms, "top": top, "top_host": top_host}
 
 
 def run_variant(variant: str, args: argparse.Namespace, argv: list[str]) -> dict:

@@ -272,6 +272,19 @@ def test_kernel_version_covers_the_sibling_modules_it_imports(tmp_path, monkeypa
     assert specs.source_hash("ops/a.py") != before
 
 
+def test_kernel_version_leaves_out_the_autograd_sections():
+    """Editing a family's autograd section (how a launch is reached) keeps its tuned entries; an
+    edit anywhere else (kernels, launch plans, specs and examples) does not."""
+    rule = "# " + "-" * 75
+    text = f"kernel = 1\n{rule} autograd\nclass F: pass\n{rule} specs and examples\nspec = 1\n"
+    assert specs.versioned_text(text) == f"kernel = 1\n{rule} specs and examples\nspec = 1\n"
+    assert specs.versioned_text(text.replace("class F: pass", "class G: pass")) == specs.versioned_text(text)
+    assert specs.versioned_text(text.replace("spec = 1", "spec = 2")) != specs.versioned_text(text)
+    assert specs.versioned_text(text.replace("kernel = 1", "kernel = 2")) != specs.versioned_text(text)
+    assert specs.versioned_text("no sections\n") == "no sections\n"
+    assert specs.versioned_text(f"k = 1\n{rule} fused add autograd\nx = 1\n") == "k = 1\n"
+
+
 def test_triton_version_is_part_of_the_key(monkeypatch):
     autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
     monkeypatch.setattr(autotune_cache, "triton_major_minor", lambda: "99.1")

@@ -519,6 +519,47 @@ def test_torch_compile_fullgraph(family):
         ref_opt.zero_grad()
 
 
+@pytest.mark.gpu
+def test_torch_compile_inductor_gpu(monkeypatch):
+    """A patched model under torch.compile with Inductor on the GPU: no graph break (fullgraph), no
+    recompilation after the first step, the loss and gradients of eager Hugging Face; and where the
+    kernel ops are triton_ops (CUDA), a compiled step launches the per-layer kernels from the
+    compiled code: none goes through liger_portable's Python launcher after the first step."""
+    from liger_portable.ops import launching
+
+    torch._dynamo.reset()
+    dev = torch.device("cuda")
+    ref = tiny_model("llama", seed=14).to(dev)
+    model = lpt.patch(tiny_model("llama", seed=14).to(dev))
+    compiled = torch.compile(model, fullgraph=True)
+    launched: list[str] = []
+    real_call = launching.Launcher.__call__
+
+    def counting(self, *args, **kwargs):
+        launched.append(self.fn.__name__)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(launching.Launcher, "__call__", counting)
+    frames = []
+    for step in range(3):
+        data = {k: v.to(dev) for k, v in batch(step).items()}
+        launched.clear()
+        out = compiled(**data)
+        out.loss.backward()
+        ref_loss = ref_call(ref, **data).loss
+        ref_loss.backward()
+        assert abs(out.loss.item() - ref_loss.item()) <= TOL * ref_loss.item()
+        assert_grads_match(model, ref)
+        model.zero_grad()
+        ref.zero_grad()
+        frames.append(torch._dynamo.utils.counters["frames"]["ok"])
+    assert frames[1] == frames[2] == frames[0], f"recompiled after the first step: frames compiled {frames}"
+    if launching.inductor_launches():
+        assert launched, "the launch counter saw no launch (the loss's kernels run through it)"
+        per_layer = [k for k in launched if k.startswith(("_rms_norm", "_layer_norm", "_glu", "_rope"))]
+        assert per_layer == [], f"launched through Python under torch.compile: {sorted(set(per_layer))}"
+
+
 @pytest.mark.parametrize("ran_before", [False, True], ids=["fresh", "after-a-step"])
 def test_patch_compiled_model(ran_before, calls):
     """patch() on a model already wrapped by torch.compile patches the model inside, the fused loss

@@ -35,7 +35,7 @@ import triton.language as tl
 from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import elementwise_spec, next_pow2, register
-from .launching import Launcher, plan, split_launch
+from .launching import Launcher, kernel_op, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
@@ -203,30 +203,28 @@ def can_write_in_place(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # --------------------------------------------------------------------------- autograd
 # Declared once: an autograd.Function whose forward and backward launch directly in eager mode
-# (the cheapest path on the host) and, under torch.compile, call the same launches as custom ops,
-# which the compiler does not trace into (no graph break); that path computes the backward out of
-# place (the custom ops do not mutate their inputs).
+# (the cheapest path on the host) and, under torch.compile, call the same launches through kernel
+# ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break); that path computes the backward out of
+# place (the kernel ops do not mutate their inputs).
 
 
-@torch.library.custom_op("liger_portable::glu", mutates_args=())
+def _glu_op_fake(a, b, act):
+    return a.new_empty(a.shape)
+
+
+@kernel_op("liger_portable::glu", fake=_glu_op_fake)
 def glu_op(a: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
     """``act(a) * b`` of 2-D ``a``, ``b`` (last dimension contiguous); act ``silu`` / ``gelu_tanh``."""
     return glu_fwd(a, b, act)
 
 
-@glu_op.register_fake
-def _(a, b, act):
-    return a.new_empty(a.shape)
+def _glu_backward_op_fake(dc, a, b, act):
+    return a.new_empty(a.shape), b.new_empty(b.shape)
 
 
-@torch.library.custom_op("liger_portable::glu_backward", mutates_args=())
+@kernel_op("liger_portable::glu_backward", fake=_glu_backward_op_fake)
 def glu_backward_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, act: str) -> tuple[torch.Tensor, torch.Tensor]:
     return glu_bwd(dc, a, b, act, False)
-
-
-@glu_backward_op.register_fake
-def _(dc, a, b, act):
-    return a.new_empty(a.shape), b.new_empty(b.shape)
 
 
 class _GLUFunction(torch.autograd.Function):
@@ -269,7 +267,7 @@ def glu(a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool, dev=None) -> 
     """Differentiable ``act(a) * b`` of 2-D ``a``, ``b`` (last dimension contiguous).
 
     ``inplace``: the backward writes the gradients over ``a`` and ``b``; it is dropped when they
-    overlap in memory, and under torch.compile (the custom ops do not mutate their inputs).
+    overlap in memory, and under torch.compile (the kernel ops do not mutate their inputs).
     ``dev`` is the :class:`~liger_portable.DeviceInfo` of ``a`` where the caller has it (None:
     looked up).
     """

@@ -21,7 +21,10 @@ Triton interpreter returns none, so on the CPU every launch takes Triton's path)
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import threading
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -29,7 +32,7 @@ import torch
 
 from .. import autotune_cache
 from ..configs import Resolved, resolve
-from ..hardware import DeviceInfo, launch_options, on_reset, platform
+from ..hardware import DeviceInfo, PlatformError, launch_options, on_reset, platform
 
 try:  # Triton >= 3.4: runtime knobs and the driver's current device and stream
     from triton import knobs as _knobs
@@ -169,6 +172,11 @@ class Launcher:
         if _captured is not None:  # recording launches instead of making them (see capture)
             _captured.append(Captured(self.fn, grid, args, dict(consts), dict(launch)))
             return
+        if getattr(_op_bodies, "depth", 0) and _traced(args):  # torch.compile traces a kernel_op
+            n = len(args)
+            rest = (consts.get(name, d) for name, d in zip(self._names[n:], self._defaults[n:]))
+            torch.library.wrap_triton(self.fn)[grid](*args, *rest, **launch)
+            return
         if not (enabled and KNOWN_TRITON and self._names):
             self.fn[grid](*args, **consts, **launch)
             return
@@ -197,6 +205,64 @@ class Launcher:
             return
         # ``launch`` is held by the entry, so its id (part of the key) cannot be reused meanwhile.
         self._cache[key] = entry
+
+
+# --------------------------------------------------------------------------- torch.compile
+# Under torch.compile a family's autograd op calls its launches through a torch.library operator.
+# On CUDA that operator is a ``triton_op``: the compiler traces its body once (fake tensors), the
+# launches inside become ``wrap_triton`` calls, and Inductor launches the kernels from its compiled
+# code with the config resolved while tracing, so a compiled step pays no Python per call. An
+# opaque ``custom_op`` instead runs the body (checks, lookups, launches) on every call. Inductor's
+# launch of a user kernel takes num_warps and num_stages only, not the ROCm and XPU tables' backend
+# options (waves_per_eu, grf_mode, ...): there the operator stays a custom_op.
+
+_op_bodies = threading.local()  # .depth: kernel_op bodies running on this thread
+_REAL = (torch.Tensor, torch.nn.Parameter)
+
+
+def _traced(args: tuple) -> bool:
+    """True if the launch's tensors are torch.compile's stand-ins (fake or functional tensors) and
+    ``wrap_triton`` records launches (it does not while the operator runs eagerly)."""
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled() and any(isinstance(a, torch.Tensor) and type(a) not in _REAL for a in args)
+
+
+def inductor_launches() -> bool:
+    """True if kernel ops are ``triton_op``s here: an NVIDIA backend and a torch that has them."""
+    try:
+        backend = platform().backend
+    except PlatformError:
+        return False
+    return backend == "cuda" and hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
+
+
+def kernel_op(name: str, *, fake: Callable) -> Callable[[Callable], Any]:
+    """Decorator: ``fn`` (tensors in, new tensors out, launches through :class:`Launcher`) as the
+    torch.library operator ``name`` that a family's autograd op calls under torch.compile; ``fake``
+    gives the outputs' shapes for the custom_op form (a triton_op traces ``fn`` itself)."""
+
+    def register(fn: Callable) -> Any:
+        if not inductor_launches():
+            op = torch.library.custom_op(name, mutates_args=())(fn)
+            op.register_fake(fake)
+            return op
+        depth = _op_bodies
+
+        def body(*args, **kwargs):
+            depth.depth = getattr(depth, "depth", 0) + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth.depth -= 1
+
+        # The schema is inferred from the signature (followed through __wrapped__) with the string
+        # annotations evaluated in the function's globals: give ``body`` the family module's.
+        body = types.FunctionType(body.__code__, fn.__globals__, fn.__name__, None, body.__closure__)
+        functools.update_wrapper(body, fn)
+        return torch.library.triton_op(name, body, mutates_args=())
+
+    return register
 
 
 # --------------------------------------------------------------------------- capture
@@ -259,6 +325,12 @@ def split_launch(cfg: Resolved) -> tuple[dict[str, Any], dict[str, Any]]:
 def plan(kernel: str, dev: DeviceInfo, problem: tuple, dtype: torch.dtype, build: Callable, config: Resolved | None = None):
     """``build(cfg, dev, *problem)`` for the config :func:`resolve` picks, or for an explicit
     ``config`` (the tuner, benchmarks); memoized either way."""
+    try:
+        hash(problem)
+    except TypeError:
+        # Sizes torch.compile traces as symbols: a config is chosen for the sizes of this call
+        # (int() makes the compiled graph specialise on them).
+        problem = tuple(int(v) for v in problem)
     if config is not None:
         # Keyed by the config object, held by the entry (its id cannot be reused meanwhile): the
         # tuner launches one config many times while timing it.
@@ -279,4 +351,4 @@ def supported() -> bool:
     return KNOWN_TRITON and enabled
 
 
-__all__ = ["Captured", "Launcher", "capture", "enabled", "plan", "split_launch", "supported"]
+__all__ = ["Captured", "Launcher", "capture", "enabled", "kernel_op", "plan", "split_launch", "supported"]

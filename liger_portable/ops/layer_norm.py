@@ -34,7 +34,7 @@ import triton.language as tl
 from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import EPS, next_pow2, register, row_norm_specs
-from .launching import Launcher, plan, split_launch
+from .launching import Launcher, kernel_op, plan, split_launch
 from ._tiles import load_tile, store_tile, block_n
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -322,11 +322,16 @@ def layer_norm_bwd(
 
 # --------------------------------------------------------------------------- autograd
 # Declared once: an autograd.Function whose forward and backward launch directly in eager mode
-# (the cheapest path on the host) and, under torch.compile, call the same launches as custom ops,
-# which the compiler does not trace into (no graph break).
+# (the cheapest path on the host) and, under torch.compile, call the same launches through kernel
+# ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break).
 
 
-@torch.library.custom_op("liger_portable::layer_norm", mutates_args=())
+def _layer_norm_op_fake(x, weight, bias, eps):
+    stats = x.new_empty(x.shape[:1], dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
+
+
+@kernel_op("liger_portable::layer_norm", fake=_layer_norm_op_fake)
 def layer_norm_op(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -334,13 +339,12 @@ def layer_norm_op(
     return layer_norm_fwd(x, weight, bias, eps)
 
 
-@layer_norm_op.register_fake
-def _(x, weight, bias, eps):
-    stats = x.new_empty(x.shape[:1], dtype=torch.float32)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
+def _layer_norm_backward_op_fake(dy, x, weight, bias, mean, rstd):
+    db = weight.new_empty((0,)) if bias is None else torch.empty_like(bias)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight), db
 
 
-@torch.library.custom_op("liger_portable::layer_norm_backward", mutates_args=())
+@kernel_op("liger_portable::layer_norm_backward", fake=_layer_norm_backward_op_fake)
 def layer_norm_backward_op(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     mean: torch.Tensor, rstd: torch.Tensor,
@@ -353,12 +357,6 @@ def layer_norm_backward_op(
     elif db.untyped_storage().data_ptr() == dw.untyped_storage().data_ptr():
         db = db.clone()
     return dx, dw, db
-
-
-@layer_norm_backward_op.register_fake
-def _(dy, x, weight, bias, mean, rstd):
-    db = weight.new_empty((0,)) if bias is None else torch.empty_like(bias)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight), db
 
 
 class _LayerNormFunction(torch.autograd.Function):

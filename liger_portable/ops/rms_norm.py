@@ -30,7 +30,7 @@ import triton.language as tl
 from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import EPS, register, row_norm_specs
-from .launching import Launcher, plan, split_launch
+from .launching import Launcher, kernel_op, plan, split_launch
 from ._tiles import load_tile, store_tile, block_n
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -303,11 +303,15 @@ def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev):
 
 # --------------------------------------------------------------------------- autograd
 # Declared once: an autograd.Function whose forward and backward launch directly in eager mode
-# (the cheapest path on the host) and, under torch.compile, call the same launches as custom ops,
-# which the compiler does not trace into (no graph break).
+# (the cheapest path on the host) and, under torch.compile, call the same launches through kernel
+# ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break).
 
 
-@torch.library.custom_op("liger_portable::rms_norm", mutates_args=())
+def _rms_norm_op_fake(x, weight, eps, offset, gemma):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:1], dtype=torch.float32)
+
+
+@kernel_op("liger_portable::rms_norm", fake=_rms_norm_op_fake)
 def rms_norm_op(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,21 +319,15 @@ def rms_norm_op(
     return rms_norm_fwd(x, weight, eps, offset, gemma)
 
 
-@rms_norm_op.register_fake
-def _(x, weight, eps, offset, gemma):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:1], dtype=torch.float32)
+def _rms_norm_backward_op_fake(dy, x, weight, rstd, offset, gemma):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
-@torch.library.custom_op("liger_portable::rms_norm_backward", mutates_args=())
+@kernel_op("liger_portable::rms_norm_backward", fake=_rms_norm_backward_op_fake)
 def rms_norm_backward_op(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float, gemma: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return rms_norm_bwd(dy, x, weight, rstd, offset, gemma)
-
-
-@rms_norm_backward_op.register_fake
-def _(dy, x, weight, rstd, offset, gemma):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -365,7 +363,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, g
 # never writes into a gradient it hands on; AccumulateGrad copies one it cannot own).
 
 
-@torch.library.custom_op("liger_portable::fused_add_rms_norm", mutates_args=())
+def _fused_add_rms_norm_op_fake(x, residual, weight, eps, offset, gemma):
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    s = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return y, s, x.new_empty(x.shape[:1], dtype=torch.float32)
+
+
+@kernel_op("liger_portable::fused_add_rms_norm", fake=_fused_add_rms_norm_op_fake)
 def fused_add_rms_norm_op(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -373,24 +377,16 @@ def fused_add_rms_norm_op(
     return fused_add_rms_norm_fwd(x, residual, weight, eps, offset, gemma)
 
 
-@fused_add_rms_norm_op.register_fake
-def _(x, residual, weight, eps, offset, gemma):
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    s = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return y, s, x.new_empty(x.shape[:1], dtype=torch.float32)
+def _fused_add_rms_norm_backward_op_fake(dy, ds, s, weight, rstd, offset, gemma):
+    return torch.empty_like(s, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
-@torch.library.custom_op("liger_portable::fused_add_rms_norm_backward", mutates_args=())
+@kernel_op("liger_portable::fused_add_rms_norm_backward", fake=_fused_add_rms_norm_backward_op_fake)
 def fused_add_rms_norm_backward_op(
     dy: torch.Tensor, ds: Optional[torch.Tensor], s: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
     offset: float, gemma: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return fused_add_rms_norm_bwd(dy, ds, s, weight, rstd, offset, gemma)
-
-
-@fused_add_rms_norm_backward_op.register_fake
-def _(dy, ds, s, weight, rstd, offset, gemma):
-    return torch.empty_like(s, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
 class _FusedAddRMSNormFunction(torch.autograd.Function):

@@ -44,7 +44,7 @@ import triton.language as tl
 from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import KernelSpec, Param, next_pow2, register, rope_bucket
-from .launching import Launcher, plan, split_launch
+from .launching import Launcher, kernel_op, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
@@ -201,11 +201,15 @@ def rope_bwd(
 
 # --------------------------------------------------------------------------- autograd
 # Declared once: an autograd.Function whose forward and backward launch directly in eager mode
-# (the cheapest path on the host) and, under torch.compile, call the same launches as custom ops,
-# which the compiler does not trace into (no graph break).
+# (the cheapest path on the host) and, under torch.compile, call the same launches through kernel
+# ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break).
 
 
-@torch.library.custom_op("liger_portable::rope", mutates_args=())
+def _rope_op_fake(q, k, cos, sin):
+    return out_like(q), out_like(k)
+
+
+@kernel_op("liger_portable::rope", fake=_rope_op_fake)
 def rope_op(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,21 +217,15 @@ def rope_op(
     return rope_fwd(q, k, cos, sin)
 
 
-@rope_op.register_fake
-def _(q, k, cos, sin):
-    return out_like(q), out_like(k)
+def _rope_backward_op_fake(dq, dk, cos, sin):
+    return out_like(dq), out_like(dk)
 
 
-@torch.library.custom_op("liger_portable::rope_backward", mutates_args=())
+@kernel_op("liger_portable::rope_backward", fake=_rope_backward_op_fake)
 def rope_backward_op(
     dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return rope_bwd(dq, dk, cos, sin)
-
-
-@rope_backward_op.register_fake
-def _(dq, dk, cos, sin):
-    return out_like(dq), out_like(dk)
 
 
 class _RopeFunction(torch.autograd.Function):

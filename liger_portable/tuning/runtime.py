@@ -51,6 +51,7 @@ import warnings
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import autotune_cache, configs, _paths
 from ..configs import Resolved
@@ -190,7 +191,9 @@ def _tune_now(kernel: str, device: DeviceInfo, named: dict, dtype: torch.dtype, 
     """Build the hook's inputs, tune, record; the inputs are freed when this returns."""
     tuned_here.append((kernel, device.model_slug, named, str(dtype)))
     try:
-        result = tune(kernel, device, named, dtype, hook(device, named, dtype))
+        # A miss while torch.compile traces a kernel op (fake tensors): tune on real ones.
+        with _disable_current_modes():
+            result = tune(kernel, device, named, dtype, hook(device, named, dtype))
     except Exception as e:  # noqa: BLE001 - tuning must never stop training
         _warn_once(f"liger_portable: tuning {kernel} for {named} failed ({type(e).__name__}: {e}); using the table default")
         return False
