@@ -16,6 +16,7 @@ from . import _dtensor, fallback
 from ._checks import KERNEL_DTYPES, check_ce_options, check_choice, check_chunk_mib, check_float, check_nonneg_number, check_real
 from ._checks import REDUCTIONS  # noqa: F401  (the reductions the losses accept, kept here too)
 from ._dispatch import kernel_device, same_device
+from . import tuning  # noqa: F401  (tunes config misses under LIGER_PORTABLE_AUTOTUNE=1; loads no kernel)
 
 # Triton has Linux wheels only; without it every call takes the fallback.
 if importlib.util.find_spec("triton") is not None:

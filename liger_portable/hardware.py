@@ -217,6 +217,21 @@ def _detect_backend() -> str:
     return "cpu"
 
 
+# The variable that hides a backend's GPUs from a process.
+_VISIBLE_VAR = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK"}
+
+
+def _build_offers(backend: str) -> bool:
+    """True if this PyTorch build is made for ``backend`` (whether or not a device is visible)."""
+    if backend == "rocm":
+        return bool(getattr(torch.version, "hip", None))
+    if backend == "cuda":
+        return bool(getattr(torch.version, "cuda", None)) and not getattr(torch.version, "hip", None)
+    if backend == "xpu":
+        return getattr(torch, "xpu", None) is not None and bool(getattr(torch.version, "xpu", None))
+    return False
+
+
 def _device_count(backend: str) -> int:
     if backend in ("cuda", "rocm"):
         return torch.cuda.device_count()
@@ -249,6 +264,13 @@ def _build_platform() -> Platform:
             raise PlatformError(
                 f"{ENV_BACKEND}={requested!r} is not a backend; use one of {', '.join(BACKENDS)} "
                 "or unset it to detect the hardware"
+            )
+        if requested not in ("cpu", detected) and _build_offers(requested):
+            raise PlatformError(
+                f"{ENV_BACKEND}={requested!r} but no {requested} GPU is visible to this process "
+                f"(torch {torch.__version__} supports it, but finds no device): check the driver, "
+                f"{_VISIBLE_VAR[requested]} and the container's GPU access, set {ENV_BACKEND}=cpu to "
+                "force the fallback, or unset it"
             )
         if requested not in ("cpu", detected):
             raise PlatformError(

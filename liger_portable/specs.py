@@ -8,6 +8,8 @@ search spaces. Nothing here imports Triton.
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,13 +272,62 @@ IGNORE_INDEX = -100
 # The registry: every kernel family declares its specs beside its kernels and registers them when
 # liger_portable.ops imports it. Tables are validated, configs resolved and kernels tuned and
 # compiled for what is registered here; no other list of kernels is kept.
-SPECS: dict[str, KernelSpec] = {}
+class _Registry(dict):
+    """Kernel name -> :class:`KernelSpec`. The kernel families register their specs when
+    ``liger_portable.ops`` is imported; the first read of the registry imports it (once, where Triton
+    is installed), so that a program which imports ``liger_portable.configs`` alone finds every
+    kernel, as one which imports ``liger_portable.functional`` does. (The import is by name: the
+    families sit a layer above this module, which they import.)"""
+
+    def _load(self) -> None:
+        global _families_loaded
+        if not _families_loaded:
+            _families_loaded = True  # first: reads during the import itself see what is registered
+            if importlib.util.find_spec("triton") is not None:
+                importlib.import_module(f"{__package__}.ops")
+
+    def __getitem__(self, name):
+        self._load()
+        return super().__getitem__(name)
+
+    def __contains__(self, name) -> bool:
+        self._load()
+        return super().__contains__(name)
+
+    def __iter__(self):
+        self._load()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._load()
+        return super().__len__()
+
+    def get(self, name, default=None):
+        self._load()
+        return super().get(name, default)
+
+    def keys(self):
+        self._load()
+        return super().keys()
+
+    def values(self):
+        self._load()
+        return super().values()
+
+    def items(self):
+        self._load()
+        return super().items()
+
+
+_families_loaded = False
+SPECS: dict[str, KernelSpec] = _Registry()
 
 
 def register(*specs: KernelSpec) -> tuple[KernelSpec, ...]:
     """Add ``specs`` to :data:`SPECS` (a name registered twice is an error) and return them."""
     for spec in specs:
-        if spec.name in SPECS and SPECS[spec.name] is not spec:
+        known = dict.get(SPECS, spec.name)  # (a plain read: registering loads nothing)
+        if known is not None and known is not spec:
             raise ValueError(f"kernel spec {spec.name!r} is registered twice")
         SPECS[spec.name] = spec
     return specs

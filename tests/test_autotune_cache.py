@@ -851,15 +851,15 @@ def test_do_bench_waits_for_its_own_events_only(monkeypatch):
 
 
 def test_info_cache_summary_counts_user_and_shipped_entries(tmp_path):
-    from liger_portable import cli
+    from liger_portable import commands
 
-    assert [(label, n) for label, _, n in cli.cache_summary(H200)] == [("user cache", 0), ("shipped cache", 0)]
+    assert [(label, n) for label, _, n in commands.cache_summary(H200)] == [("user cache", 0), ("shipped cache", 0)]
     autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
     autotune_cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
     shipped = _paths.shipped_cache_dir() / user_file().name
     shipped.write_text(user_file().read_text())
     autotune_cache.invalidate(str(shipped))  # the shipped file is read once per process; it was missing
-    summary = cli.cache_summary(H200)
+    summary = commands.cache_summary(H200)
     assert [(label, n) for label, _, n in summary] == [("user cache", 2), ("shipped cache", 2)]
     assert summary[1][1] == shipped
-    assert cli.cache_summary(MI300)[0][2] == 0  # another model's file is another file
+    assert commands.cache_summary(MI300)[0][2] == 0  # another model's file is another file

@@ -93,6 +93,22 @@ def test_wheel_contains_backend_tables(wheel):
     assert not any(n.startswith(("backends/", "autotune_cache/", "tests/")) for n in names), sorted(names)
 
 
+def test_wheel_metadata_license_authors_and_extras(wheel):
+    """The license as an SPDX expression with its text shipped, the authors, and the hf extra bounded
+    by the newest transformers the tests were run with."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        meta = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        licence = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert licence, sorted(names)
+        assert zf.read(licence[0]).decode() == (REPO / "LICENSE").read_text()
+    assert "License-Expression: BSD-2-Clause" in meta
+    assert "BSD 2-Clause License" in (REPO / "LICENSE").read_text()
+    assert "Author: the liger-portable developers" in meta
+    hf = [line for line in meta.splitlines() if line.startswith("Requires-Dist: transformers")]
+    assert hf and "<5.25" in hf[0] and 'extra == "hf"' in hf[0], hf
+
+
 def test_wheel_contains_autotune_cache_folder(wheel):
     # A zip has no entry for an empty folder: the folder ships only if it holds a file
     # (autotune_cache/README.md until tuned files exist).

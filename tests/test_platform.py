@@ -425,6 +425,21 @@ def test_env_other_vendor_raises(monkeypatch, vendor_id, requested):
     assert driver.calls == []
 
 
+@pytest.mark.parametrize("build", [dict(hip=None, cuda="12.8"), dict(hip="6.4.43482", cuda=None)], ids=["cuda", "rocm"])
+def test_env_backend_of_this_build_without_a_gpu(monkeypatch, build):
+    """A GPU build of torch on a machine (or container) that sees no GPU: the error says no GPU is
+    visible, not that another PyTorch build is needed."""
+    simulate_cuda_build(monkeypatch, FakeDriver(_h200, count=0), **build)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    requested = "cuda" if build["cuda"] else "rocm"
+    monkeypatch.setenv(ENV_BACKEND, requested)
+    with pytest.raises(PlatformError) as ei:
+        platform()
+    msg = str(ei.value)
+    assert f"no {requested} GPU is visible" in msg and "install" not in msg
+    assert ("CUDA_VISIBLE_DEVICES" if requested == "cuda" else "HIP_VISIBLE_DEVICES") in msg
+
+
 def test_env_bogus_lists_choices(monkeypatch):
     simulate(monkeypatch, "nvidia-h200")
     monkeypatch.setenv(ENV_BACKEND, "bogus")

@@ -1,0 +1,77 @@
+"""The ``liger-portable`` command line as a user runs it: the installed entry point (where the
+environment has one: ``pip install`` puts it beside the interpreter) and ``python -m``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENTRY = Path(sys.executable).parent / "liger-portable"
+
+
+def run(args: list[str], env_extra: dict | None = None, entry: bool = True) -> subprocess.CompletedProcess:
+    if entry and not ENTRY.exists():
+        pytest.skip(f"no installed entry point beside {sys.executable} (pip install the package)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGER_PORTABLE_")}
+    env.update(env_extra or {})
+    cmd = [str(ENTRY), *args] if entry else [sys.executable, "-m", "liger_portable", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def imports_torch(code: str) -> bool:
+    """Whether running ``code`` in a fresh interpreter imported torch."""
+    probe = f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    return out.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_help_lists_every_command_in_plain_text():
+    r = run(["--help"])
+    assert r.returncode == 0, r.stderr
+    for command in ("info", "check", "warmup", "demo"):
+        assert f"  {command} " in r.stdout, r.stdout
+    assert "``" not in r.stdout and ":mod:" not in r.stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["info", "--bogus"], ["bogus"], []], ids=["help", "bad-option", "bad-command", "none"])
+def test_help_and_argument_errors_do_not_import_torch(args):
+    """Parsing comes first: --help and argument errors answer without importing torch (which alone
+    takes seconds)."""
+    assert not imports_torch(f"from liger_portable.cli import main; main({args!r})")
+    assert not imports_torch("import liger_portable")
+
+
+@pytest.mark.parametrize("entry", [True, False], ids=["entry-point", "python-m"])
+@pytest.mark.parametrize("value", ["bogus", "rocm"])
+def test_bad_backend_is_one_line_and_status_2(entry, value):
+    """An unknown backend, or one this machine does not offer (no test machine offers both CUDA and
+    ROCm), is one error line naming the variable, no traceback."""
+    r = run(["info"], {"LIGER_PORTABLE_BACKEND": value}, entry=entry)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in r.stderr
+    assert lines[-1].startswith("liger-portable: error: LIGER_PORTABLE_BACKEND=") and value in lines[-1]
+    assert r.stdout == ""
+
+
+def test_warmup_argument_error_is_one_line_and_status_2():
+    r = run(["warmup", "llama-3-8b", "--tokens", "0", "--dry-run"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--tokens" in r.stderr
+
+
+def test_no_numpy_warning_without_numpy(tmp_path):
+    """NumPy is not a dependency: without it, torch warns at import that it cannot initialise it;
+    the command line does not pass that on. (NumPy is hidden by a sitecustomize that blocks it.)"""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['numpy'] = None\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGER_PORTABLE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    env["LIGER_PORTABLE_BACKEND"] = "cpu"
+    env.pop("TRITON_INTERPRET", None)  # the Triton interpreter (CPU test path) does need NumPy
+    r = subprocess.run([sys.executable, "-m", "liger_portable", "info"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "NumPy" not in r.stderr and "backend cpu" in r.stdout
