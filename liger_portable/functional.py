@@ -260,9 +260,27 @@ def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> 
     dev = None if a.dim() == 0 else _kernel_device(_glu_ops, same_device(a=a, b=b), a)
     if dev is None:
         return (fallback.swiglu if act == "silu" else fallback.geglu)(a, b)
+    if inplace_backward and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        _check_private(a, b)
     # In place, the backward hands the gradients back in the storage of a and b: pass them as views.
     c = _glu_ops.glu(_rows(a, inplace_backward), _rows(b, inplace_backward), act, inplace_backward, dev)
     return c if c.shape == a.shape else c.view(a.shape)
+
+
+def _check_private(a: torch.Tensor, b: torch.Tensor) -> None:
+    """The in-place backward writes the gradients over ``a`` and ``b``: refuse storage that belongs
+    to a leaf tensor that requires grad (a parameter, or an input the caller made), or a view of
+    one, whose values would silently become gradients. (Where ``a`` and ``b`` overlap, the
+    backward is not in place and nothing is written over them.)"""
+    for name, t in (("a", a), ("b", b)):
+        base = t if t._base is None else t._base
+        if base.is_leaf and base.requires_grad and _glu_ops.can_write_in_place(a, b):
+            what = "a leaf tensor that requires grad" if base is t else "a view of a leaf tensor that requires grad"
+            raise ValueError(
+                f"inplace_backward=True writes the gradients into the storage of a and b, but {name} is "
+                f"{what} (a parameter or an input you created): its values would be overwritten. Pass "
+                "inplace_backward=False, or activations the call owns (e.g. a = gate_proj(x))."
+            )
 
 
 def glu_down(
@@ -311,7 +329,9 @@ def swiglu(a: torch.Tensor, b: torch.Tensor, *, inplace_backward: bool = False) 
             fewer tensors of this size at the peak. Only for a caller that owns ``a`` and ``b``:
             they must not be used after the backward, and only one backward is allowed (no
             ``retain_graph``). Ignored where it cannot apply: on the CPU fallback, under
-            torch.compile, and when ``a`` and ``b`` overlap in memory.
+            torch.compile, and when ``a`` and ``b`` overlap in memory. Refused (``ValueError``)
+            when ``a`` or ``b`` is a leaf tensor that requires grad, or a view of one (``x.unbind(0)``
+            of a parameter or an input): the gradients would overwrite its values.
 
     Returns:
         A tensor of the shape and dtype of ``a``.

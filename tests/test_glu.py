@@ -46,11 +46,13 @@ def _reference(act, a, b, dc):
 def _run_and_compare(act, a, b, dc, inplace=False, copy=True):
     """Forward + backward through the public API on leaf copies of a and b (``copy=False``: on a
     and b themselves, which must require grad); checks against float64. Returns the tensors the
-    gradients were taken of, for further checks."""
+    gradients were taken of, for further checks. In place, the copies are passed as activations
+    (times one: in place refuses a leaf's storage), whose gradients are the leaves' exactly."""
     ref = _reference(act, a, b, dc)  # before the call: an in-place backward overwrites a and b
     if copy:
         a, b = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
-    c = getattr(F, act)(a, b, inplace_backward=inplace)
+    args = (a * 1, b * 1) if inplace and copy else (a, b)
+    c = getattr(F, act)(*args, inplace_backward=inplace)
     assert c.dtype == a.dtype and c.shape == a.shape
     c.backward(dc)
     _assert_close(act, (c, a.grad, b.grad), ref, a.dtype)
@@ -298,11 +300,14 @@ def test_kernel_interpreter(simulated_device, poison, shape, dtype, act):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("act", ACTS)
 def test_kernel_interpreter_backward_modes(simulated_device, poison, act):
-    """Default: a and b are intact after the backward. In place: they hold da and db (no copy)."""
+    """Default: a and b are intact after the backward. In place: they hold da and db (no copy);
+    here a and b are views of a buffer of the caller's that needs no gradient (a leaf that does
+    is refused: test_kernel_interpreter_inplace_refuses_leaf_storage)."""
     a0, b0, dc = _inputs((9, 300), torch.bfloat16)
     a, b = _run_and_compare(act, a0, b0, dc, inplace=False)
     assert torch.equal(a.detach(), a0) and torch.equal(b.detach(), b0)
-    a, b = _run_and_compare(act, a0, b0, dc, inplace=True)
+    pair = torch.stack([a0, b0])
+    a, b = _run_and_compare(act, pair[0].requires_grad_(), pair[1].requires_grad_(), dc, inplace=True, copy=False)
     assert torch.equal(a.detach(), a.grad) and torch.equal(b.detach(), b.grad)
     assert a.grad.data_ptr() == a.data_ptr() and b.grad.data_ptr() == b.data_ptr()
 
@@ -310,11 +315,40 @@ def test_kernel_interpreter_backward_modes(simulated_device, poison, act):
 @pytest.mark.interpreter
 def test_kernel_interpreter_inplace_backward_once(simulated_device):
     a, b, dc = _inputs((4, 64), torch.float32)
-    a.requires_grad_()
+    a = a.requires_grad_() * 1.0  # an activation (in place refuses a leaf: see the next test)
     c = F.swiglu(a, b, inplace_backward=True)
     c.backward(dc, retain_graph=True)
     with pytest.raises(RuntimeError, match=r"inplace_backward=True can run backward only once"):
         c.backward(dc)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("which", ["leaf", "views of a leaf", "b a leaf"])
+def test_kernel_interpreter_inplace_refuses_leaf_storage(simulated_device, act, which):
+    """In place on a leaf that requires grad (or views of one, as x.unbind(0) gives) would write the
+    gradients over the leaf's values: refused, with the leaf's values untouched. Activations (not
+    leaves), and leaves that need no gradient, are taken."""
+    a, b, dc = _inputs((4, 64), torch.float32)
+    if which == "views of a leaf":
+        x = torch.stack([a, b]).requires_grad_()
+        a, b = x.unbind(0)
+        kept = x.detach().clone()
+    elif which == "leaf":
+        a.requires_grad_()
+        kept = a.detach().clone()
+    else:
+        a = a.requires_grad_() * 1.0
+        b.requires_grad_()
+        kept = b.detach().clone()
+    with pytest.raises(ValueError, match=r"inplace_backward=True .* leaf tensor that requires grad"):
+        getattr(F, act)(a, b, inplace_backward=True)
+    leaf = x if which == "views of a leaf" else (a if which == "leaf" else b)
+    assert torch.equal(leaf.detach(), kept)
+    c = getattr(F, act)(a, b)  # out of place: fine
+    c.backward(dc)
+    with torch.no_grad():  # no backward can follow: nothing to refuse
+        getattr(F, act)(a, b, inplace_backward=True)
 
 
 @pytest.mark.interpreter
@@ -544,14 +578,15 @@ def test_kernel_gpu_inplace_memory(act):
     a0, b0, dc = _inputs((4096, 14336), torch.bfloat16, device=dev)
     size = a0.numel() * a0.element_size()
     for inplace, budget in ((True, 1.02 * size), (False, 3.02 * size)):
-        a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+        pair = torch.stack([a0, b0])  # a buffer of ours (in place refuses a leaf that requires grad)
+        a, b = pair[0].requires_grad_(), pair[1].requires_grad_()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         getattr(F, act)(a, b, inplace_backward=inplace).backward(dc)
         torch.cuda.synchronize()
         assert torch.cuda.max_memory_allocated() - base <= budget, (inplace, torch.cuda.max_memory_allocated() - base)
-        del a, b
+        del a, b, pair
 
 
 @pytest.mark.gpu
@@ -568,7 +603,8 @@ def test_kernel_gpu_beyond_int32_offsets():
     tail = slice(n_rows - 7, n_rows)
     for act in ACTS:
         ref = _reference(act, a[tail], b[tail], dc[tail])
-        a1, b1 = a.clone().requires_grad_(), b.clone().requires_grad_()
+        pair = torch.stack([a, b])  # a buffer of ours (in place refuses a leaf that requires grad)
+        a1, b1 = pair[0].requires_grad_(), pair[1].requires_grad_()
         c = getattr(F, act)(a1, b1, inplace_backward=True)
         c.backward(dc)
         _assert_close(act, (c[tail], a1.grad[tail], b1.grad[tail]), ref, torch.bfloat16)
