@@ -35,6 +35,13 @@ on a second lock file per device model, ``<file>.tune.lock`` (:func:`tuning_lock
 process tunes one problem: the others wait, re-read the cache (:func:`reread`) and take the
 recorded entry. ``flock`` locks belong to the open file, so a process that dies releases its locks
 at once; a lock file left on disk by a dead process is therefore never stale.
+
+Lock files are opened without following links and must be regular files (a link planted in a
+shared cache folder would have its target written). The locks are written here over ``fcntl``
+rather than with the ``filelock`` package that PyTorch installs: the tuning lock's holder writes
+``host pid N`` into the file it holds, which a waiter's timeout message names
+(:func:`lock_holder`), and ``filelock`` offers no supported way to write into its held file; its
+other gain, locking on Windows, does not apply (no Triton wheels there: nothing is tuned).
 """
 
 from __future__ import annotations
