@@ -10,8 +10,12 @@ and peak extra memory (the gradients of hidden and weight included: every peer a
 ``--chunk-mib 512,1024`` adds ours with those ``chunk_mib`` values (memory traded for speed).
 
     python scripts/bench_fused_linear_cross_entropy.py [--sweep] [--chunk-mib 512,1024] [--shapes 8192x4096x128256 ...]
+    python scripts/bench_fused_linear_cross_entropy.py --shapes grid      # the models' heads, below
 
-Shapes are BT x H x V. Goal (H200, bf16): 8192 x 4096 x 128256 in <= 38 ms with <= 1.2 GiB extra.
+Shapes are BT x H x V, or the name of a set: ``headline`` (the default: Llama-3 8B, Gemma-2 2B and
+Gemma-2 9B at 8 x 4096 tokens, which needs tens of GB unfused) or ``grid`` (hidden sizes 768-8192,
+vocabularies 32k-256k, 2k-32k tokens: the heads of the models in SHAPE_SETS). Goal (H200, bf16):
+8192 x 4096 x 128256 in <= 38 ms with <= 1.2 GiB extra.
 """
 
 from __future__ import annotations
@@ -29,6 +33,35 @@ import liger_portable
 from liger_portable import functional as F
 from liger_portable.configs import Limits, load_table, make_resolved, resolve, search_configs
 from liger_portable.ops import fused_linear_cross_entropy as ops
+
+
+# Named shape sets (BT, H, V): a model's language-model head at a typical token count per step.
+SHAPE_SETS = {
+    "headline": [(8192, 4096, 128256), (8192, 2304, 256000), (32768, 3584, 256000)],
+    "grid": [
+        (2048, 768, 32000),     # a ~150M Llama-style model
+        (8192, 768, 50257),     # GPT-2 small
+        (8192, 2048, 128256),   # Llama-3.2-1B
+        (8192, 2304, 256000),   # Gemma-2 2B
+        (4096, 4096, 32000),    # Llama-2 7B
+        (8192, 4096, 128256),   # Llama-3 8B
+        (32768, 3584, 256000),  # Gemma-2 9B, 8 x 4096 tokens
+        (16384, 5120, 152064),  # Qwen2.5-14B
+        (4096, 8192, 128256),   # Llama-3 70B
+    ],
+}
+
+
+def parse_shapes(items: list[str]) -> list[tuple[int, int, int]]:
+    """``BTxHxV`` strings and set names (SHAPE_SETS) as a list of shapes, in order, each once."""
+    out: list[tuple[int, int, int]] = []
+    for item in items:
+        for shape in SHAPE_SETS.get(item) or [tuple(int(v) for v in item.split("x"))]:
+            if len(shape) != 3:
+                raise SystemExit(f"--shapes: {item!r} is neither BTxHxV nor one of {', '.join(SHAPE_SETS)}")
+            if shape not in out:
+                out.append(shape)
+    return out
 
 
 def torch_flce(h, w, t):
@@ -146,14 +179,14 @@ def sweep(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--shapes", nargs="+", default=["8192x4096x128256", "4096x2304x256000", "16384x8192x128256"])
+    ap.add_argument("--shapes", nargs="+", default=["headline"], help=f"BTxHxV, or a set: {', '.join(SHAPE_SETS)}")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--chunk-mib", default="", help="also time ours with these chunk_mib values, e.g. 512,1024")
     ap.add_argument("--skip-eager-over-gib", type=float, default=8.0, help="skip eager/compile peers above this fp32 logits size")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+    shapes = parse_shapes(args.shapes)
     env = environment()
     ceiling = matmul_tflops()
     env["matmul_tflops"] = ceiling
