@@ -284,12 +284,18 @@ def mean_scale(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
 # output; the reduction and the product with the incoming gradient are traced PyTorch.
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # ``t`` itself where it has the dtype: an autograd.Function output that is a no-op ``.to`` (an
+    # alias when traced) or an in-place result got a zero gradient under torch.compile with torch 2.11.
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _reduce(loss_rows, z_rows, reduction, scale, dtype):
     if reduction == "none":
-        return loss_rows.to(dtype), None if z_rows is None else z_rows.to(dtype)
+        return _as(loss_rows, dtype), None if z_rows is None else _as(z_rows, dtype)
     if reduction == "sum":
-        return loss_rows.sum().to(dtype), None if z_rows is None else z_rows.sum().to(dtype)
-    return loss_rows.sum().mul_(scale).to(dtype), None if z_rows is None else z_rows.sum().mul_(scale).to(dtype)
+        return _as(loss_rows.sum(), dtype), None if z_rows is None else _as(z_rows.sum(), dtype)
+    return _as(loss_rows.sum() * scale, dtype), None if z_rows is None else _as(z_rows.sum() * scale, dtype)
 
 
 @torch.library.custom_op("liger_portable::cross_entropy", mutates_args=())
