@@ -13,7 +13,7 @@ import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 
 def next_pow2(n: int) -> int:
@@ -272,62 +272,43 @@ IGNORE_INDEX = -100
 # The registry: every kernel family declares its specs beside its kernels and registers them when
 # liger_portable.ops imports it. Tables are validated, configs resolved and kernels tuned and
 # compiled for what is registered here; no other list of kernels is kept.
-class _Registry(dict):
-    """Kernel name -> :class:`KernelSpec`. The kernel families register their specs when
-    ``liger_portable.ops`` is imported; the first read of the registry imports it (once, where Triton
-    is installed), so that a program which imports ``liger_portable.configs`` alone finds every
-    kernel, as one which imports ``liger_portable.functional`` does. (The import is by name: the
-    families sit a layer above this module, which they import.)"""
+class _Registry(Mapping):
+    """Kernel name -> :class:`KernelSpec`, read-only (:func:`register` adds). The kernel families
+    register their specs when ``liger_portable.ops`` is imported; the first read of the registry
+    imports it (once, where Triton is installed), so that a program which imports
+    ``liger_portable.configs`` alone finds every kernel, as one which imports
+    ``liger_portable.functional`` does. (The import is by name: the families sit a layer above this
+    module, which they import.)"""
 
-    def _load(self) -> None:
-        global _families_loaded
-        if not _families_loaded:
-            _families_loaded = True  # first: reads during the import itself see what is registered
+    def __init__(self) -> None:
+        self._specs: dict[str, KernelSpec] = {}
+        self._loaded = False
+
+    def _load(self) -> dict[str, KernelSpec]:
+        if not self._loaded:
+            self._loaded = True  # first: reads during the import itself see what is registered
             if importlib.util.find_spec("triton") is not None:
                 importlib.import_module(f"{__package__}.ops")
+        return self._specs
 
-    def __getitem__(self, name):
-        self._load()
-        return super().__getitem__(name)
-
-    def __contains__(self, name) -> bool:
-        self._load()
-        return super().__contains__(name)
+    def __getitem__(self, name: str) -> KernelSpec:
+        return self._load()[name]
 
     def __iter__(self):
-        self._load()
-        return super().__iter__()
+        return iter(self._load())
 
     def __len__(self) -> int:
-        self._load()
-        return super().__len__()
-
-    def get(self, name, default=None):
-        self._load()
-        return super().get(name, default)
-
-    def keys(self):
-        self._load()
-        return super().keys()
-
-    def values(self):
-        self._load()
-        return super().values()
-
-    def items(self):
-        self._load()
-        return super().items()
+        return len(self._load())
 
 
-_families_loaded = False
-SPECS: dict[str, KernelSpec] = _Registry()
+SPECS = _Registry()
 
 
 def register(*specs: KernelSpec) -> tuple[KernelSpec, ...]:
     """Add ``specs`` to :data:`SPECS` (a name registered twice is an error) and return them."""
     for spec in specs:
-        known = dict.get(SPECS, spec.name)  # (a plain read: registering loads nothing)
+        known = SPECS._specs.get(spec.name)  # (a plain read: registering loads nothing)
         if known is not None and known is not spec:
             raise ValueError(f"kernel spec {spec.name!r} is registered twice")
-        SPECS[spec.name] = spec
+        SPECS._specs[spec.name] = spec
     return specs

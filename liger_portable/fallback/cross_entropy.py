@@ -64,7 +64,7 @@ def ce_rows_torch(
     return loss, z_loss, torch.where(keep, g, 0.0)
 
 
-def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t`` in ``dtype``, as ``t`` itself when it already is: an autograd.Function that returned
     ``t.to(t.dtype)`` (an alias of ``t`` when traced) got a zero gradient under torch.compile with
     torch 2.11 (fixed by 2.13), so the compiled patched models trained on zero gradients."""
@@ -73,10 +73,10 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _reduce(loss_rows, z_rows, reduction, count, dtype):
     if reduction == "none":
-        return _as(loss_rows, dtype), _as(z_rows, dtype)
+        return as_dtype(loss_rows, dtype), as_dtype(z_rows, dtype)
     if reduction == "sum":
-        return _as(loss_rows.sum(), dtype), _as(z_rows.sum(), dtype)
-    return _as(loss_rows.sum() / count, dtype), _as(z_rows.sum() / count, dtype)
+        return as_dtype(loss_rows.sum(), dtype), as_dtype(z_rows.sum(), dtype)
+    return as_dtype(loss_rows.sum() / count, dtype), as_dtype(z_rows.sum() / count, dtype)
 
 
 def _count(target, ignore_index):
@@ -122,7 +122,7 @@ class _CrossEntropy(torch.autograd.Function):
     def backward(ctx, dloss, _dz):
         grad, count = ctx.saved_tensors
         f = _scale_for(dloss, ctx.reduction, count, grad.shape[0])
-        return _as(grad * f, grad.dtype), None, None, None, None, None, None
+        return as_dtype(grad * f, grad.dtype), None, None, None, None, None, None
 
 
 def cross_entropy(
@@ -203,10 +203,10 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         if reduction != "none":
             f = _scale_for(dloss, reduction, count, 1).reshape(())
             return (
-                None if gh is None else _as(gh * f, gh.dtype),
-                None if gw is None else _as(gw * f, gw.dtype),
+                None if gh is None else as_dtype(gh * f, gh.dtype),
+                None if gw is None else as_dtype(gw * f, gw.dtype),
                 None,
-                None if gb is None else _as(gb * f, gb.dtype),
+                None if gb is None else as_dtype(gb * f, gb.dtype),
                 None, None, None, None, None, None,
             )
         gh = torch.zeros_like(hidden) if want_h else None

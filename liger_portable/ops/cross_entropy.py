@@ -284,18 +284,17 @@ def mean_scale(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
 # output; the reduction and the product with the incoming gradient are traced PyTorch.
 
 
-def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # ``t`` itself where it has the dtype: an autograd.Function output that is a no-op ``.to`` (an
-    # alias when traced) or an in-place result got a zero gradient under torch.compile with torch 2.11.
-    return t if t.dtype == dtype else t.to(dtype)
+# The loss an autograd.Function returns is neither a no-op ``.to`` (as_dtype) nor an in-place result:
+# either got a zero gradient under torch.compile with torch 2.11.
+from ..fallback.cross_entropy import as_dtype  # noqa: E402  (here: the autograd section does not version kernels)
 
 
 def _reduce(loss_rows, z_rows, reduction, scale, dtype):
     if reduction == "none":
-        return _as(loss_rows, dtype), None if z_rows is None else _as(z_rows, dtype)
+        return as_dtype(loss_rows, dtype), None if z_rows is None else as_dtype(z_rows, dtype)
     if reduction == "sum":
-        return _as(loss_rows.sum(), dtype), None if z_rows is None else _as(z_rows.sum(), dtype)
-    return _as(loss_rows.sum() * scale, dtype), None if z_rows is None else _as(z_rows.sum() * scale, dtype)
+        return as_dtype(loss_rows.sum(), dtype), None if z_rows is None else as_dtype(z_rows.sum(), dtype)
+    return as_dtype(loss_rows.sum() * scale, dtype), None if z_rows is None else as_dtype(z_rows.sum() * scale, dtype)
 
 
 @torch.library.custom_op("liger_portable::cross_entropy", mutates_args=())

@@ -220,11 +220,15 @@ _op_bodies = threading.local()  # .depth: kernel_op bodies running on this threa
 _REAL = (torch.Tensor, torch.nn.Parameter)
 
 
+try:  # torch >= 2.6 (triton_op); older torch registers custom ops only (inductor_launches)
+    from torch._library.triton import is_wrap_triton_enabled
+except ImportError:  # pragma: no cover
+    is_wrap_triton_enabled = None
+
+
 def _traced(args: tuple) -> bool:
     """True if the launch's tensors are torch.compile's stand-ins (fake or functional tensors) and
     ``wrap_triton`` records launches (it does not while the operator runs eagerly)."""
-    from torch._library.triton import is_wrap_triton_enabled
-
     return is_wrap_triton_enabled() and any(isinstance(a, torch.Tensor) and type(a) not in _REAL for a in args)
 
 
@@ -234,7 +238,7 @@ def inductor_launches() -> bool:
         backend = platform().backend
     except PlatformError:
         return False
-    return backend == "cuda" and hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
+    return backend == "cuda" and is_wrap_triton_enabled is not None and hasattr(torch.library, "triton_op")
 
 
 def kernel_op(name: str, *, fake: Callable) -> Callable[[Callable], Any]:
