@@ -29,6 +29,8 @@ def is_integer(value: object) -> bool:
 
 def check_real(name: str, value: object, what: str = "a number") -> float:
     """``value`` as a finite Python float within float32's range, or a ValueError naming ``name``."""
+    if type(value) is float and value == value and -_FP32_MAX <= value <= _FP32_MAX:
+        return value  # the usual case, without the abstract-class isinstance of is_real
     if not is_real(value) or not _finite32(float(value)):
         raise ValueError(f"{name} must be {what} (finite, within float32's range), got {value!r}")
     return float(value)

@@ -230,3 +230,96 @@ def test_hooks_or_capture_take_tritons_path(fake_gpu, monkeypatch):
     for _ in range(3):
         launcher((1,), args, CONSTS, {"num_warps": 4})
     assert len(compiles) == 3 and calls == []
+
+
+# --------------------------------------------------------------------------- eager_apply
+
+
+class _Scale(torch.autograd.Function):
+    """x * w * k, differentiable in x only; records what its forward received."""
+
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, x, w, k):
+        if not torch.compiler.is_compiling():
+            _Scale.seen.append((x, w, k))
+        ctx.save_for_backward(w)
+        ctx.k = k
+        return x * w * k
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        return g * w * ctx.k, None, None
+
+
+def test_eager_apply_matches_function_apply():
+    from liger_portable.ops.launching import eager_apply
+
+    apply = eager_apply(_Scale, 2)
+    x = torch.randn(5, 3, requires_grad=True)
+    w = torch.randn(3)
+    g = torch.randn(5, 3)
+    _Scale.seen.clear()
+    y = apply(x, w, 2.5)
+    assert _Scale.seen == [(x, w, 2.5)]  # the arguments reach forward as they were passed
+    (dx,) = torch.autograd.grad(y, x, g)
+    y_ref = _Scale.apply(x, w, 2.5)
+    (dx_ref,) = torch.autograd.grad(y_ref, x, g)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    assert type(y.grad_fn) is type(y_ref.grad_fn)
+
+
+def test_eager_apply_unwraps_dead_functorch_wrappers():
+    # A tensor leaked out of torch.func.grad is a dead wrapper: Function.apply unwraps it (the
+    # result does not require grad); the C++ apply alone would record a graph through it.
+    from liger_portable.ops.launching import eager_apply
+
+    leaked = []
+
+    def f(x):
+        leaked.append(x * 1)
+        return x.sum()
+
+    torch.func.grad(f)(torch.randn(3))
+    w = torch.randn(3)
+    y = eager_apply(_Scale, 2)(leaked[0], w, 2.0)
+    ref = _Scale.apply(leaked[0], w, 2.0)
+    assert torch.equal(y, ref)
+    assert y.grad_fn is None and ref.grad_fn is None
+
+
+def test_eager_apply_takes_function_apply_inside_transforms_and_compile():
+    from liger_portable.ops.launching import eager_apply
+
+    apply = eager_apply(_Scale, 2)
+    w = torch.randn(3)
+    # functorch transforms need setup_context: the same error as Function.apply gives
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda x: apply(x, w, 2.0).sum())(torch.randn(3))
+    # torch.compile traces Function.apply: one graph, no break
+    x = torch.randn(4, 3, requires_grad=True)
+    compiled = torch.compile(lambda x: apply(x, w, 2.0), backend="eager", fullgraph=True)
+    y = compiled(x)
+    (dx,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(y, x * w * 2.0) and torch.equal(dx, (w * 2.0).expand(4, 3))
+
+
+def test_eager_apply_keeps_function_apply_for_setup_context():
+    from liger_portable.ops.launching import eager_apply
+
+    class WithSetup(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x * 2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    assert eager_apply(WithSetup, 1) == WithSetup.apply

@@ -32,7 +32,7 @@ import triton.language as tl
 from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import BLOCK_V, IGNORE_INDEX, KernelSpec, register, rows_cols_bucket
-from .launching import Launcher, plan, split_launch
+from .launching import Launcher, eager_apply, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
@@ -383,6 +383,9 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None, None
 
 
+_apply_cross_entropy = eager_apply(_CrossEntropyFunction, 2)
+
+
 def cross_entropy(
     logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
     lse_square_scale: float, softcap: float | None, reduction: str, inplace: bool, dev=None,
@@ -394,7 +397,7 @@ def cross_entropy(
     forward (no memory beyond the logits); ignored under torch.compile. ``dev`` is the
     :class:`~liger_portable.DeviceInfo` of ``logits`` where the caller has it (None: looked up).
     """
-    loss, z = _CrossEntropyFunction.apply(
+    loss, z = _apply_cross_entropy(
         logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace, dev
     )
     return loss, z if lse_square_scale != 0.0 else None

@@ -41,7 +41,7 @@ from ..configs import Resolved
 from .._dispatch import device_info
 from ..fallback.cross_entropy import chunk_rows
 from ..specs import BLOCK_V, IGNORE_INDEX, KernelSpec, Param, flce_bucket, register
-from .launching import plan
+from .launching import eager_apply, plan
 from .cross_entropy import ce_rows, mean_scale, scale_rows_
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -371,6 +371,9 @@ class _FLCEFunction(torch.autograd.Function):
         return gh, gw, None, gb, None, None, None, None, None, None, None
 
 
+_apply_flce = eager_apply(_FLCEFunction, 4)
+
+
 def fused_linear_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
     ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: float | None, reduction: str,
@@ -380,7 +383,7 @@ def fused_linear_cross_entropy(
     Returns ``(loss, z_loss)`` (``z_loss`` None without ``lse_square_scale``). ``chunk_mib``: MiB
     of logits per token chunk (None: the resolved config's ``CHUNK_MIB``); ``dev`` the
     :class:`~liger_portable.DeviceInfo` of ``hidden`` where the caller has it (None: looked up)."""
-    loss, z = _FLCEFunction.apply(
+    loss, z = _apply_flce(
         hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, chunk_mib,
         dev,
     )

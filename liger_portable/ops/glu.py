@@ -35,7 +35,7 @@ import triton.language as tl
 from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import elementwise_spec, next_pow2, register
-from .launching import Launcher, kernel_op, plan, split_launch
+from .launching import Launcher, eager_apply, kernel_op, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
@@ -263,6 +263,9 @@ class _GLUFunction(torch.autograd.Function):
         return da, db, None, None, None
 
 
+_apply_glu = eager_apply(_GLUFunction, 2)
+
+
 def glu(a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool, dev=None) -> torch.Tensor:
     """Differentiable ``act(a) * b`` of 2-D ``a``, ``b`` (last dimension contiguous).
 
@@ -271,7 +274,7 @@ def glu(a: torch.Tensor, b: torch.Tensor, act: str, inplace: bool, dev=None) -> 
     ``dev`` is the :class:`~liger_portable.DeviceInfo` of ``a`` where the caller has it (None:
     looked up).
     """
-    return _GLUFunction.apply(a, b, act, inplace, dev)
+    return _apply_glu(a, b, act, inplace, dev)
 
 
 # --------------------------------------------------------------------------- specs and examples

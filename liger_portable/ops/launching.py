@@ -207,6 +207,40 @@ class Launcher:
         self._cache[key] = entry
 
 
+# --------------------------------------------------------------------------- autograd apply
+# ``Function.apply`` is a Python classmethod around the C++ apply: per call it rebuilds a closure,
+# looks up setup_context, asks whether functorch transforms are active and unwraps dead functorch
+# wrappers from every argument, about a third of an empty Function's forward cost on the host.
+# :func:`eager_apply` does the same work for the arguments it knows are tensors and otherwise calls
+# the C++ apply directly; under torch.compile (whose tracer knows ``Function.apply``) and inside
+# functorch transforms it calls ``Function.apply`` itself.
+
+try:
+    from torch._C import _are_functorch_transforms_active as _transforms_active
+    from torch._C._functorch import unwrap_if_dead as _unwrap_if_dead
+except ImportError:  # pragma: no cover - a torch without them: always the full path
+    _transforms_active = None
+
+
+def eager_apply(cls: type, tensors: int) -> Callable[..., Any]:
+    """``cls.apply`` (``cls`` an ``autograd.Function`` without ``setup_context``) for calls whose
+    first ``tensors`` arguments are tensors or None and whose others are not tensors; the same
+    result as ``cls.apply`` with less host time per eager call."""
+    full = cls.apply
+    if _transforms_active is None or getattr(cls, "setup_context", None) is not torch.autograd.Function.setup_context:
+        return full
+    base = super(torch.autograd.Function, cls).apply
+    is_compiling = torch.compiler.is_compiling
+
+    def apply(*args):
+        if is_compiling() or _transforms_active():
+            return full(*args)
+        return base(*[a if a is None else _unwrap_if_dead(a) for a in args[:tensors]], *args[tensors:])
+
+    apply.__doc__ = f"{cls.__name__}.apply for eager calls (see eager_apply)"
+    return apply
+
+
 # --------------------------------------------------------------------------- torch.compile
 # Under torch.compile a family's autograd op calls its launches through a torch.library operator.
 # On CUDA that operator is a ``triton_op``: the compiler traces its body once (fake tensors), the
@@ -355,4 +389,4 @@ def supported() -> bool:
     return KNOWN_TRITON and enabled
 
 
-__all__ = ["Captured", "Launcher", "capture", "enabled", "kernel_op", "plan", "split_launch", "supported"]
+__all__ = ["Captured", "Launcher", "capture", "eager_apply", "enabled", "kernel_op", "plan", "split_launch", "supported"]

@@ -34,7 +34,7 @@ import triton.language as tl
 from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import EPS, next_pow2, register, row_norm_specs
-from .launching import Launcher, kernel_op, plan, split_launch
+from .launching import Launcher, eager_apply, kernel_op, plan, split_launch
 from ._tiles import load_tile, store_tile, block_n
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -382,12 +382,15 @@ class _LayerNormFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+_apply_layer_norm = eager_apply(_LayerNormFunction, 3)
+
+
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, dev=None
 ) -> torch.Tensor:
     """Differentiable LayerNorm of a 2-D ``x`` with a contiguous last dimension; ``dev`` is the
     :class:`~liger_portable.DeviceInfo` of ``x`` where the caller has it (None: looked up)."""
-    return _LayerNormFunction.apply(x, weight, bias, eps, dev)
+    return _apply_layer_norm(x, weight, bias, eps, dev)
 
 
 # --------------------------------------------------------------------------- specs and examples

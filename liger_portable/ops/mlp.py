@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .glu import can_write_in_place, glu_bwd, glu_fwd
+from .launching import eager_apply
 
 
 class _GLUDownFunction(torch.autograd.Function):
@@ -48,6 +49,9 @@ class _GLUDownFunction(torch.autograd.Function):
         return da, db, dweight, dbias, None, None
 
 
+_apply_glu_down = eager_apply(_GLUDownFunction, 4)
+
+
 def glu_down(
     a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str, dev=None
 ) -> torch.Tensor:
@@ -55,4 +59,4 @@ def glu_down(
     contiguous) that does not keep ``act(a) * b`` for the backward (see :class:`_GLUDownFunction`).
     Eager autograd only: the caller takes the unfused path under torch.compile. ``dev`` is the
     :class:`~liger_portable.DeviceInfo` of ``a`` where the caller has it (None: looked up)."""
-    return _GLUDownFunction.apply(a, b, weight, bias, act, dev)
+    return _apply_glu_down(a, b, weight, bias, act, dev)

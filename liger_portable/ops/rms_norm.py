@@ -30,7 +30,7 @@ import triton.language as tl
 from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import EPS, register, row_norm_specs
-from .launching import Launcher, kernel_op, plan, split_launch
+from .launching import Launcher, eager_apply, kernel_op, plan, split_launch
 from ._tiles import load_tile, store_tile, block_n
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
@@ -351,10 +351,13 @@ class _RMSNormFunction(torch.autograd.Function):
         return dx, dw, None, None, None, None
 
 
+_apply_rms_norm = eager_apply(_RMSNormFunction, 2)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool, dev=None) -> torch.Tensor:
     """Differentiable RMSNorm of a 2-D ``x`` with a contiguous last dimension; ``dev`` is the
     :class:`~liger_portable.DeviceInfo` of ``x`` where the caller has it (None: looked up)."""
-    return _RMSNormFunction.apply(x, weight, eps, offset, gemma, dev)
+    return _apply_rms_norm(x, weight, eps, offset, gemma, dev)
 
 
 # --------------------------------------------------------------------------- fused add + RMSNorm autograd
@@ -413,13 +416,16 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
         return dsum, dsum, dw, None, None, None, None
 
 
+_apply_fused_add_rms_norm = eager_apply(_FusedAddRMSNormFunction, 3)
+
+
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, gemma: bool,
     dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable ``(rms_norm(x + residual), x + residual)`` of 2-D inputs with a contiguous
     last dimension."""
-    return _FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, gemma, dev)
+    return _apply_fused_add_rms_norm(x, residual, weight, eps, offset, gemma, dev)
 
 
 # --------------------------------------------------------------------------- specs and examples

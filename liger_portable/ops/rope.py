@@ -44,7 +44,7 @@ import triton.language as tl
 from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import KernelSpec, Param, next_pow2, register, rope_bucket
-from .launching import Launcher, kernel_op, plan, split_launch
+from .launching import Launcher, eager_apply, kernel_op, plan, split_launch
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
@@ -258,13 +258,16 @@ class _RopeFunction(torch.autograd.Function):
         return dq, dk, None, None, None
 
 
+_apply_rope = eager_apply(_RopeFunction, 4)
+
+
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dev=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable RoPE of logical ``(batch, heads, seq, head_dim)`` q and k (see the module doc);
     ``dev`` is the :class:`~liger_portable.DeviceInfo` of q and k where the caller has it (None:
     looked up)."""
-    return _RopeFunction.apply(q, k, cos, sin, dev)
+    return _apply_rope(q, k, cos, sin, dev)
 
 
 # --------------------------------------------------------------------------- specs and examples
