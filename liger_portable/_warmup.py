@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Mapping
-
-import torch
+from typing import TYPE_CHECKING, Mapping
 
 from .specs import SPECS
+
+if TYPE_CHECKING:  # annotations only: the command line reads the presets without importing torch
+    import torch
 
 
 @dataclass(frozen=True)

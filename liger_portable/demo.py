@@ -25,6 +25,7 @@ import time
 import torch
 
 from ._dispatch import use_kernels
+from .cli import demo_parser
 from .hardware import PlatformError, platform
 
 # Model and batch per device. A training step must keep the GPU busy for the kernels to show: on an
@@ -61,15 +62,8 @@ HF_MISSING = 'liger-portable demo needs Hugging Face transformers: pip install "
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="liger-portable demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 10 on the CPU)")
-    ap.add_argument("--device", default=None, help="torch device, e.g. cuda:1 or cpu (default: the detected GPU, else cpu)")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="weight dtype (default bfloat16 on a GPU, float32 on the CPU)")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON (progress still goes to stderr)")
-    args = ap.parse_args(argv)
-    if args.steps is not None and args.steps < 1:
-        ap.error(f"--steps must be at least 1, got {args.steps}")
-    return args
+    """The arguments of ``liger-portable demo`` (declared in :mod:`liger_portable.cli`)."""
+    return demo_parser().parse_args(argv)
 
 
 def pick_device(arg: str | None) -> torch.device:
@@ -141,7 +135,11 @@ def tokens_per_s(step_s: list[float], tokens: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the exit code (0 ok, 1 the loss curves differ, 2 cannot run)."""
-    args = parse_args(argv)
+    return run_command(parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the demo for parsed arguments; returns the exit code."""
     try:
         import transformers  # noqa: F401
         from transformers import LlamaConfig, LlamaForCausalLM

@@ -40,36 +40,14 @@ import torch
 from liger_portable import autotune_cache, _warmup, tuning
 from liger_portable.hardware import platform
 from liger_portable.specs import SPECS
+from liger_portable.cli import WARMUP_DTYPES, warmup_parser
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-          "float32": torch.float32, "fp32": torch.float32}
-
-
-def _positive(text: str) -> int:
-    """An integer >= 1 (argparse reports anything else in one line, exit status 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
+DTYPES = {name: getattr(torch, attr) for name, attr in WARMUP_DTYPES.items()}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="liger-portable warmup", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument("model", help=f"a preset ({', '.join(_warmup.PRESETS)}) or a Hugging Face config.json (or its folder)")
-    ap.add_argument("--tokens", type=_positive, nargs="+", default=[8192], help="tokens per step on one rank (default 8192)")
-    ap.add_argument("--seq-len", type=_positive, default=4096, help="sequence length; capped at --tokens (default 4096)")
-    ap.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=sorted(DTYPES), help="input dtypes")
-    ap.add_argument("--loss", default="fused_linear_cross_entropy", choices=["fused_linear_cross_entropy", "cross_entropy"])
-    ap.add_argument("--fused-add-norm", action="store_true", help="the layers use the fused residual-add RMSNorm")
-    ap.add_argument("--dry-run", action="store_true", help="list the problems, tune nothing (no GPU needed)")
-    ap.add_argument("--json", action="store_true", help="print the list / results as JSON")
-    return ap.parse_args(argv)
+    """The arguments of ``liger-portable warmup`` (declared in :mod:`liger_portable.cli`)."""
+    return warmup_parser().parse_args(argv)
 
 
 def problems_of(args: argparse.Namespace) -> list[_warmup.Problem]:
@@ -251,7 +229,11 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return run_command(parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the warmup for parsed arguments; returns the exit status."""
     try:
         probs = problems_of(args)
     except ValueError as e:

@@ -37,7 +37,13 @@ def test_help_lists_every_command_in_plain_text():
     assert "``" not in r.stdout and ":mod:" not in r.stdout
 
 
-@pytest.mark.parametrize("args", [["--help"], ["info", "--bogus"], ["bogus"], []], ids=["help", "bad-option", "bad-command", "none"])
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["info", "--bogus"], ["bogus"], [], ["warmup", "-h"], ["demo", "-h"],
+     ["warmup", "llama-3-8b", "--tokens", "0"], ["demo", "--steps", "0"], ["warmup"]],
+    ids=["help", "bad-option", "bad-command", "none", "warmup-help", "demo-help", "warmup-bad-tokens", "demo-bad-steps",
+         "warmup-no-model"],
+)
 def test_help_and_argument_errors_do_not_import_torch(args):
     """Parsing comes first: --help and argument errors answer without importing torch (which alone
     takes seconds)."""
@@ -75,3 +81,13 @@ def test_no_numpy_warning_without_numpy(tmp_path):
     r = subprocess.run([sys.executable, "-m", "liger_portable", "info"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "NumPy" not in r.stderr and "backend cpu" in r.stdout
+
+
+@pytest.mark.parametrize("command", ["warmup", "demo"])
+def test_subcommand_help_lists_its_arguments_in_plain_text(command):
+    r = run([command, "-h"])
+    assert r.returncode == 0, r.stderr
+    assert f"usage: liger-portable {command}" in r.stdout
+    for option in {"warmup": ("--tokens", "--seq-len", "--dry-run", "llama-3-8b"), "demo": ("--steps", "--device", "--json")}[command]:
+        assert option in r.stdout, r.stdout
+    assert "``" not in r.stdout and ":func:" not in r.stdout
