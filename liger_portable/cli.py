@@ -11,6 +11,8 @@ import argparse
 import sys
 import warnings
 
+from ._arguments import DEMO_DESCRIPTION, WARMUP_DESCRIPTION, demo_arguments, warmup_arguments
+
 DESCRIPTION = """\
 Fused Triton kernels for LLM training, with launch configs per GPU vendor and model.
 
@@ -39,75 +41,6 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="train a small Llama-style model with and without the kernels", description=DEMO_DESCRIPTION,
     ))
     return parser
-
-
-# The arguments of ``warmup`` and ``demo`` are declared here, with the others, so that their ``-h``
-# and argument errors also answer before torch is imported. ``python -m liger_portable.warmup`` and
-# ``scripts/autotune_warmup.py`` parse with the same declarations (warmup_parser).
-
-WARMUP_DESCRIPTION = "Autotune warmup: tune every kernel problem of one training step and write the autotune cache."
-DEMO_DESCRIPTION = "liger-portable demo: train a small Llama-style model with and without liger-portable."
-# dtype names the commands accept -> torch dtype attribute
-WARMUP_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
-                 "float32": "float32", "fp32": "float32"}
-DEMO_DTYPES = ("bfloat16", "float16", "float32")
-
-
-def _positive(text: str) -> int:
-    """An integer >= 1 (argparse reports anything else in one line, exit status 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
-
-
-def warmup_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Declare the arguments of ``liger-portable warmup`` on ``ap``."""
-    from ._warmup import PRESETS  # model shapes only: no torch
-
-    ap.add_argument("model", help=f"a preset ({', '.join(PRESETS)}) or a Hugging Face config.json (or its folder)")
-    ap.add_argument("--tokens", type=_positive, nargs="+", default=[8192], help="tokens per step on one rank (default 8192)")
-    ap.add_argument("--seq-len", type=_positive, default=4096, help="sequence length; capped at --tokens (default 4096)")
-    ap.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=sorted(WARMUP_DTYPES), help="input dtypes")
-    ap.add_argument("--loss", default="fused_linear_cross_entropy", choices=["fused_linear_cross_entropy", "cross_entropy"])
-    ap.add_argument("--fused-add-norm", action="store_true", help="the layers use the fused residual-add RMSNorm")
-    ap.add_argument("--dry-run", action="store_true", help="list the problems, tune nothing (no GPU needed)")
-    ap.add_argument("--json", action="store_true", help="print the list / results as JSON")
-    return ap
-
-
-def warmup_parser() -> argparse.ArgumentParser:
-    """The parser of ``liger-portable warmup`` on its own (``python -m liger_portable.warmup``)."""
-    return warmup_arguments(argparse.ArgumentParser(
-        prog="liger-portable warmup", description=WARMUP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-    ))
-
-
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--steps must be at least 1, got {value}")
-    return value
-
-
-def demo_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Declare the arguments of ``liger-portable demo`` on ``ap``."""
-    ap.add_argument("--steps", type=_steps, default=None, help="training steps per run (default 20 on a GPU, 10 on the CPU)")
-    ap.add_argument("--device", default=None, help="torch device, e.g. cuda:1 or cpu (default: the detected GPU, else cpu)")
-    ap.add_argument("--dtype", choices=sorted(DEMO_DTYPES), default=None, help="weight dtype (default bfloat16 on a GPU, float32 on the CPU)")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON (progress still goes to stderr)")
-    return ap
-
-
-def demo_parser() -> argparse.ArgumentParser:
-    """The parser of ``liger-portable demo`` on its own (``python -m liger_portable.demo``)."""
-    return demo_arguments(argparse.ArgumentParser(prog="liger-portable demo", description=DEMO_DESCRIPTION))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import time
 import torch
 
 from ._dispatch import use_kernels
-from .cli import demo_parser
+from ._arguments import demo_parser
 from .hardware import PlatformError, platform
 
 # Model and batch per device. A training step must keep the GPU busy for the kernels to show: on an

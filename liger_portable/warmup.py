@@ -40,7 +40,7 @@ import torch
 from liger_portable import autotune_cache, _warmup, tuning
 from liger_portable.hardware import platform
 from liger_portable.specs import SPECS
-from liger_portable.cli import WARMUP_DTYPES, warmup_parser
+from liger_portable._arguments import WARMUP_DTYPES, warmup_parser
 
 DTYPES = {name: getattr(torch, attr) for name, attr in WARMUP_DTYPES.items()}
 

@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("tuning", {"tuning", "_warmup"}),
     ("API", {"functional", "nn", "_dtensor"}),
     ("patching", {"transformers"}),
-    ("CLI", {"cli", "commands", "demo", "warmup", "__main__", "compile_matrix"}),
+    ("CLI", {"cli", "_arguments", "commands", "demo", "warmup", "__main__", "compile_matrix"}),
 ]
 TOP = "package root"
 
