@@ -228,6 +228,30 @@ KERNEL_CASES = [(s, d, True) for s in KERNEL_SHAPES for d in DTYPES] + [
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("trainable", ["none", "weight", "bias", "both"])
+def test_kernel_interpreter_frozen_parameters(simulated_device, poison, monkeypatch, trainable):
+    """Weight and bias each trainable or frozen (as in LoRA): dx as the reference, a gradient in
+    its own dtype for each trainable parameter only, and no sum of the partials when neither is."""
+    x, w, b, dy = _inputs((37, 130), torch.bfloat16)
+    b = b.float()  # a bias of another dtype than the weight
+    w.requires_grad_(trainable in ("weight", "both"))
+    b.requires_grad_(trainable in ("bias", "both"))
+    x.requires_grad_()
+    calls = []
+    real = torch.Tensor.sum
+    monkeypatch.setattr(torch.Tensor, "sum", lambda t, *a, **k: calls.append(1) or real(t, *a, **k))
+    F.layer_norm(x, w, b, EPS).backward(dy)
+    ry, rdx, rdw, rdb = _reference(x, w, b, dy, EPS)
+    assert rel_err(x.grad, rdx) <= TOL[torch.bfloat16]
+    assert len(calls) == (trainable != "none")
+    for t, ref, on in ((w, rdw, trainable in ("weight", "both")), (b, rdb, trainable in ("bias", "both"))):
+        if on:
+            assert t.grad.dtype == t.dtype and rel_err(t.grad, ref) <= TOL[torch.bfloat16]
+        else:
+            assert t.grad is None
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize(
     "shape,dtype,bias", KERNEL_CASES,
     ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else (

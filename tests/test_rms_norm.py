@@ -205,6 +205,27 @@ def test_kernel_interpreter_3d_and_weight_dtype(simulated_device, poison):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernel_interpreter_frozen_weight(simulated_device, poison, monkeypatch, dtype):
+    """A weight that needs no gradient (frozen, as in LoRA): dx as the reference, no weight
+    gradient and no sum of its partials; a trainable weight gets its gradient in its own dtype."""
+    x, w, dy = _inputs((37, 130), dtype)
+    x.requires_grad_()
+    calls = []
+    real = torch.Tensor.sum
+    monkeypatch.setattr(torch.Tensor, "sum", lambda t, *a, **k: calls.append(1) or real(t, *a, **k))
+    y = F.rms_norm(x, w, 1e-6)
+    y.backward(dy)
+    _, rdx, _ = _reference(x, w, dy, 1e-6, 0.0, "llama")
+    assert rel_err(x.grad, rdx) <= TOL[dtype]
+    assert w.grad is None and not calls
+    w.requires_grad_()
+    F.rms_norm(x, w, 1e-6).backward(dy)
+    _, _, rdw = _reference(x, w, dy, 1e-6, 0.0, "llama")
+    assert len(calls) == 1 and w.grad.dtype == dtype and rel_err(w.grad, rdw) <= TOL[dtype]
+
+
+@pytest.mark.interpreter
 def test_kernel_interpreter_compile_fullgraph(simulated_device):
     """The kernel path is a custom op: torch.compile(fullgraph=True) traces it without a break."""
     x, w, dy = _inputs((4, 96), torch.float32)

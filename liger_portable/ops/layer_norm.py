@@ -292,6 +292,19 @@ def layer_norm_bwd(
     dtypes of ``x``, ``weight`` and ``bias``; ``dbias`` is None when ``bias`` is None. When
     weight and bias share a dtype, ``dweight`` and ``dbias`` are views of one buffer (one cast).
     """
+    dx, sums = _bwd(dy, x, weight, bias, mean, rstd, config, dev)
+    n_cols = x.shape[1]
+    if bias is not None and bias.dtype == weight.dtype:
+        sums = sums.to(weight.dtype)  # one cast for both
+        return dx, sums[:n_cols], sums[n_cols:]
+    dw = sums[:n_cols].to(weight.dtype)
+    db = sums[n_cols:].to(bias.dtype) if bias is not None else None
+    return dx, dw, db
+
+
+def _bwd(dy, x, weight, bias, mean, rstd, config, dev, sum_partials: bool = True):
+    """The backward launch: ``(dx, fp32 sums)``, the sums being the weight gradient followed by the
+    bias gradient when there is a bias (None with ``sum_partials=False``)."""
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
@@ -311,13 +324,7 @@ def layer_norm_bwd(
         ),
         by_bias[has_bias], opts,
     )
-    sums = partial.sum(0)
-    if has_bias and bias.dtype == weight.dtype:
-        sums = sums.to(weight.dtype)  # one cast for both
-        return dx, sums[:n_cols], sums[n_cols:]
-    dw = sums[:n_cols].to(weight.dtype)
-    db = sums[n_cols:].to(bias.dtype) if has_bias else None
-    return dx, dw, db
+    return dx, partial.sum(0) if sum_partials else None
 
 
 # --------------------------------------------------------------------------- autograd
@@ -378,7 +385,14 @@ class _LayerNormFunction(torch.autograd.Function):
             if bias is None:
                 db = None
         else:
-            dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd, dev=ctx.dev)
+            # The gradients of weight and bias as fp32 views of the summed partials (none if
+            # neither needs one): the autograd engine casts each to its input's dtype in C++,
+            # which costs less host time than a cast from Python.
+            need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+            dx, sums = _bwd(dy, x, weight, bias, mean, rstd, None, ctx.dev, need_w or need_b)
+            n_cols = x.shape[1]
+            dw = sums[:n_cols] if need_w else None
+            db = sums[n_cols:] if need_b else None
         return dx, dw, db, None, None
 
 

@@ -195,6 +195,9 @@ launch_fwd = Launcher(_rms_norm_fwd_kernel)
 launch_bwd = Launcher(_rms_norm_bwd_kernel)
 
 
+_WEIGHT = object()  # _bwd's default weight-gradient dtype: the weight's
+
+
 def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
     """(grid, constexprs, launch options) of the forward for one problem."""
     block, single = block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
@@ -279,7 +282,9 @@ def fused_add_rms_norm_bwd(
     return _bwd("fused_add_rms_norm_bwd", dy, ds, s, weight, rstd, offset, gemma, config, dev)
 
 
-def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev):
+def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev, dw_dtype=_WEIGHT):
+    """The backward launch; ``dw_dtype``: the weight gradient's dtype (default the weight's), or
+    None for no weight gradient (the partials are not summed)."""
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
@@ -297,14 +302,25 @@ def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev):
         grid, (dy, x, weight, rstd, dx, dw_partial, dy.stride(0), x.stride(0), dx.stride(0), n_rows, n_cols, offset),
         kwargs, opts,
     )
+    if dw_dtype is None:
+        return dx, None
     dw = dw_partial.sum(0)
-    return dx, dw if weight.dtype == torch.float32 else dw.to(weight.dtype)
+    dtype = weight.dtype if dw_dtype is _WEIGHT else dw_dtype
+    return dx, dw if dtype == torch.float32 else dw.to(dtype)
 
 
 # --------------------------------------------------------------------------- autograd
 # Declared once: an autograd.Function whose forward and backward launch directly in eager mode
 # (the cheapest path on the host) and, under torch.compile, call the same launches through kernel
 # ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break).
+
+
+def _eager_dw_dtype(ctx, index: int):
+    """The weight gradient an eager backward computes: none for a weight that needs no gradient
+    (frozen, as in LoRA fine-tuning: the partials are not summed), else the fp32 sum as it is. The
+    autograd engine casts a gradient to its input's dtype itself (in C++, the same rounding as
+    ``.to``), which costs less host time than a cast called from Python."""
+    return torch.float32 if ctx.needs_input_grad[index] else None
 
 
 def _rms_norm_op_fake(x, weight, eps, offset, gemma):
@@ -347,7 +363,8 @@ class _RMSNormFunction(torch.autograd.Function):
         if torch.compiler.is_compiling():
             dx, dw = rms_norm_backward_op(dy, x, weight, rstd, ctx.offset, ctx.gemma)
         else:
-            dx, dw = rms_norm_bwd(dy, x, weight, rstd, ctx.offset, ctx.gemma, dev=ctx.dev)
+            dx, dw = _bwd("rms_norm_bwd", dy, None, x, weight, rstd, ctx.offset, ctx.gemma, None, ctx.dev,
+                          _eager_dw_dtype(ctx, 1))
         return dx, dw, None, None, None, None
 
 
@@ -412,7 +429,8 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
         if torch.compiler.is_compiling():
             dsum, dw = fused_add_rms_norm_backward_op(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)
         else:
-            dsum, dw = fused_add_rms_norm_bwd(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma, dev=ctx.dev)
+            dsum, dw = _bwd("fused_add_rms_norm_bwd", dy, ds, s, weight, rstd, ctx.offset, ctx.gemma, None, ctx.dev,
+                            _eager_dw_dtype(ctx, 2))
         return dsum, dsum, dw, None, None, None, None
 
 
