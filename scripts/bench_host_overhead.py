@@ -17,7 +17,9 @@ Triton's own ``kernel[grid](...)``), to show what the launcher saves.
     python scripts/bench_host_overhead.py [--ops rms_norm,layer_norm] [--repeats 7] [--launch-ab]
 
 Figures are printed as tables and kept as results-log records (metrics ``host_us``,
-``fwd_bwd_eager_ms``, ``fwd_bwd_graph_ms``, each with the spread of its rounds):
+``host_ratio`` (ours and liger-kernel's host cost over torch's, taken within each round, where
+they ran back to back, so that the host's drift between rounds cancels), ``fwd_bwd_eager_ms``,
+``fwd_bwd_graph_ms``, each with the spread of its rounds):
 ``$OUT/host_overhead.jsonl`` if ``OUT`` is set, else appended to the log.
 """
 
@@ -291,6 +293,14 @@ def main(argv: list[str] | None = None) -> int:
         for name, vals in samples.items():
             med = keep(op, shape, name, "host_us", vals)
             print(f"  {name:<32} {med:8.1f}  [{min(vals):.1f}, {max(vals):.1f}]")
+        # The goal is a ratio to torch; the host's speed drifts between rounds (and machines), so
+        # the ratio is taken within each round, where the implementations ran back to back.
+        torch_name = next(iter(impls))
+        for name in ("liger-portable", "liger-kernel"):
+            if name in samples:
+                ratios = [a / b for a, b in zip(samples[name], samples[torch_name])]
+                med = keep(op, shape, f"{name} / {torch_name}", "host_ratio", ratios)
+                print(f"  {name + ' / ' + torch_name:<32} {med:8.2f}x [{min(ratios):.2f}, {max(ratios):.2f}] (per round)")
         if args.profile:
             _profile(op, impls["liger-portable"], tensors, args.calls, args.profile)
         del tensors, impls

@@ -308,6 +308,8 @@ METRICS = {  # metric: what it means (the order of the sections in RESULTS.md)
     "checks_passed": "`scripts/distributed_check.py` under torchrun: checks passed (failed).",
     "check_passed": "`liger-portable check`: cases passed (failed).",
     "host_us": "Host time a call, microseconds.",
+    "host_ratio": "Host time a call over torch's (its fused native op, else eager PyTorch), taken within each "
+                  "interleaved round, median over the rounds.",
     "gbs": "Measured ceiling: device-to-device copy bandwidth, GB/s (bytes read plus bytes written).",
     "tflops": "Measured ceiling: bf16 matrix-product rate, TFLOP/s.",
 }
