@@ -15,15 +15,25 @@ WARMUP_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16
 DEMO_DTYPES = ("bfloat16", "float16", "float32")
 
 
-def _positive(text: str) -> int:
-    """An integer >= 1 (argparse reports anything else in one line, exit status 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
+def _at_least_one(name: str | None = None):
+    """An argparse type: an integer >= 1; anything else is one error line (exit status 2) that
+    names ``name`` where given."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be at least 1, got {value}" if name else f"expected a whole number >= 1, got {value}"
+            )
+        return value
+
+    return parse
+
+
+_positive = _at_least_one()
 
 
 def warmup_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -48,19 +58,9 @@ def warmup_parser() -> argparse.ArgumentParser:
     ))
 
 
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--steps must be at least 1, got {value}")
-    return value
-
-
 def demo_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Declare the arguments of ``liger-portable demo`` on ``ap``."""
-    ap.add_argument("--steps", type=_steps, default=None, help="training steps per run (default 20 on a GPU, 10 on the CPU)")
+    ap.add_argument("--steps", type=_at_least_one("--steps"), default=None, help="training steps per run (default 20 on a GPU, 10 on the CPU)")
     ap.add_argument("--device", default=None, help="torch device, e.g. cuda:1 or cpu (default: the detected GPU, else cpu)")
     ap.add_argument("--dtype", choices=sorted(DEMO_DTYPES), default=None, help="weight dtype (default bfloat16 on a GPU, float32 on the CPU)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON (progress still goes to stderr)")
