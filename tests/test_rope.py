@@ -488,3 +488,28 @@ def test_compile_fullgraph_gpu():
     rq, rk, rdq, rdk = _reference(c, q0, k0, cos, sin, dq * 2.0, dk)
     assert rel_err(oq, rq * 2.0) <= 1e-2 and rel_err(ok, rk + 1.0) <= 1e-2
     assert rel_err(qb.grad, rdq) <= 1e-2 and rel_err(kb.grad, rdk) <= 1e-2
+
+
+def test_out_like_keeps_memory_order_with_a_unit_last_stride():
+    """Outputs are dense, in the input's memory order, last dimension contiguous: the strides of a
+    dense input (HF's transposed q), the order of the strides for a sliced or expanded one (where
+    empty_like would give contiguous strides), contiguous without a unit last stride."""
+    from liger_portable.ops.rope import out_like
+
+    def dense_in_order(out, x):
+        n = x.dim()
+        order = sorted(range(n - 1), key=lambda i: (-x.stride(i), i)) + [n - 1]
+        expect, step = [0] * n, 1
+        for i in reversed(order):
+            expect[i], step = step, step * x.shape[i]
+        return list(out.stride()) == expect
+
+    hf = torch.randn(2, 7, 4, 8).transpose(1, 2)  # (batch, heads, seq, head_dim) view of (b, s, h, d)
+    assert out_like(hf).stride() == hf.stride()
+    sliced = torch.randn(2, 7, 6, 8).transpose(1, 2)[:, :4]  # not dense: every head but the last two
+    expanded = torch.randn(1, 4, 7, 8).expand(3, 4, 7, 8)
+    for x in (sliced, expanded):
+        out = out_like(x)
+        assert out.shape == x.shape and out.stride(-1) == 1 and dense_in_order(out, x), (x.stride(), out.stride())
+    strided_last = torch.randn(2, 4, 7, 16)[..., ::2]
+    assert out_like(strided_last).is_contiguous()
