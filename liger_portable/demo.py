@@ -62,7 +62,7 @@ HF_MISSING = 'liger-portable demo needs Hugging Face transformers: pip install "
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The arguments of ``liger-portable demo`` (declared in :mod:`liger_portable.cli`)."""
+    """The arguments of ``liger-portable demo`` (declared in :mod:`liger_portable._arguments`, torch-free)."""
     return demo_parser().parse_args(argv)
 
 

@@ -46,7 +46,7 @@ DTYPES = {name: getattr(torch, attr) for name, attr in WARMUP_DTYPES.items()}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The arguments of ``liger-portable warmup`` (declared in :mod:`liger_portable.cli`)."""
+    """The arguments of ``liger-portable warmup`` (declared in :mod:`liger_portable._arguments`, torch-free)."""
     return warmup_parser().parse_args(argv)
 
 
