@@ -323,3 +323,57 @@ def test_eager_apply_keeps_function_apply_for_setup_context():
             return g * 2
 
     assert eager_apply(WithSetup, 1) == WithSetup.apply
+
+
+# --------------------------------------------------------------------------- kernel ops
+
+
+def _kernel_op_examples(t):
+    """Arguments of every kernel op at small odd sizes, built by ``t(*shape, dtype=bf16)``."""
+    f32 = torch.float32
+    rows, hidden, inter = 7, 96, 40
+    x, w, dy = t(rows, hidden), t(hidden), t(rows, hidden)
+    a, b, dc = t(rows, inter), t(rows, inter), t(rows, inter)
+    q = t(2, 5, 3, 64).transpose(1, 2)  # Hugging Face's (batch, heads, seq, head_dim) view
+    k = t(2, 5, 2, 64).transpose(1, 2)
+    cos, sin = t(1, 5, 64), t(1, 5, 64)
+    return {
+        "liger_portable::rms_norm": (x, w, 1e-6, 0.0, False),
+        "liger_portable::rms_norm_backward": (dy, x, w, t(rows, dtype=f32), 0.0, False),
+        "liger_portable::fused_add_rms_norm": (x, t(rows, hidden), w, 1e-6, 1.0, True),
+        "liger_portable::fused_add_rms_norm_backward": (dy, t(rows, hidden), x, w, t(rows, dtype=f32), 0.0, False),
+        "liger_portable::layer_norm": (x, w, t(hidden), 1e-5),
+        "liger_portable::layer_norm_backward": (dy, x, w, t(hidden), t(rows, dtype=f32), t(rows, dtype=f32)),
+        "liger_portable::glu": (a, b, "silu"),
+        "liger_portable::glu_backward": (dc, a, b, "gelu_tanh"),
+        "liger_portable::rope": (q, k, cos, sin),
+        "liger_portable::rope_backward": (q, k, cos, sin),
+    }
+
+
+def test_kernel_op_bodies_run_on_fake_tensors_as_their_fakes_say():
+    """torch.compile traces a triton_op's body with fake tensors (no data, no data pointer): every
+    kernel op's body runs on them, launches through the launcher (recorded here), and returns
+    outputs of the shapes, dtypes and strides its fake function declares (what the custom-op form
+    tells the compiler). A data-pointer read in a body (the LayerNorm backward's, once) fails here."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from conftest import SIMULATED_DEVICES
+    from liger_portable import simulate
+    from liger_portable.ops import launching
+
+    ops = launching.kernel_ops()
+    with warnings.catch_warnings(), simulate(SIMULATED_DEVICES["cuda-sm90"]), FakeTensorMode(), \
+            launching.capture() as launches:
+        # This torch warns (a later one raises) where a fake tensor's data pointer is read.
+        warnings.filterwarnings("error", message=".*data pointer of FakeTensor")
+        examples = _kernel_op_examples(lambda *shape, dtype=torch.bfloat16: torch.empty(shape, dtype=dtype))
+        assert set(ops) == set(examples), "every kernel op needs an example here"
+        for name, (body, fake) in ops.items():
+            n = len(launches)
+            got, want = body(*examples[name]), fake(*examples[name])
+            got, want = (got,) if isinstance(got, torch.Tensor) else got, (want,) if isinstance(want, torch.Tensor) else want
+            assert len(launches) > n, f"{name} launched nothing"
+            assert [(o.shape, o.dtype, o.stride()) for o in got] == [(o.shape, o.dtype, o.stride()) for o in want], name

@@ -275,12 +275,22 @@ def inductor_launches() -> bool:
     return backend == "cuda" and is_wrap_triton_enabled is not None and hasattr(torch.library, "triton_op")
 
 
+_kernel_ops: dict[str, tuple[Callable, Callable]] = {}
+
+
+def kernel_ops() -> dict[str, tuple[Callable, Callable]]:
+    """Every operator :func:`kernel_op` registered: name -> (body, fake). The tests run each body
+    on fake tensors (as torch.compile traces a triton_op) and compare its outputs with the fake's."""
+    return dict(_kernel_ops)
+
+
 def kernel_op(name: str, *, fake: Callable) -> Callable[[Callable], Any]:
     """Decorator: ``fn`` (tensors in, new tensors out, launches through :class:`Launcher`) as the
     torch.library operator ``name`` that a family's autograd op calls under torch.compile; ``fake``
     gives the outputs' shapes for the custom_op form (a triton_op traces ``fn`` itself)."""
 
     def register(fn: Callable) -> Any:
+        _kernel_ops[name] = (fn, fake)
         if not inductor_launches():
             op = torch.library.custom_op(name, mutates_args=())(fn)
             op.register_fake(fake)
@@ -389,4 +399,4 @@ def supported() -> bool:
     return KNOWN_TRITON and enabled
 
 
-__all__ = ["Captured", "Launcher", "capture", "eager_apply", "enabled", "kernel_op", "plan", "split_launch", "supported"]
+__all__ = ["Captured", "Launcher", "capture", "eager_apply", "enabled", "kernel_op", "kernel_ops", "plan", "split_launch", "supported"]
