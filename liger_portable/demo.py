@@ -25,7 +25,7 @@ import time
 import torch
 
 from ._dispatch import use_kernels
-from ._arguments import demo_parser
+from ._arguments import DEMO_DTYPES, demo_parser
 from .hardware import PlatformError, platform
 
 # Model and batch per device. A training step must keep the GPU busy for the kernels to show: on an
@@ -45,7 +45,7 @@ SIZES = {
             "batch": 4, "seq": 128, "dtype": "float32", "steps": 10},
 }
 LARGE_GPU_GIB = 48  # device memory from which the demo trains SIZES["gpu"], below it SIZES["gpu-small"]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DEMO_DTYPES}
 LR = 1e-3
 # Largest allowed |loss HF - loss patched| per step, relative to the HF loss. The two runs do the same
 # math in a different order, and AdamW carries each rounding difference into the next step's weights.
