@@ -112,7 +112,8 @@ def poison(monkeypatch):
     """Outputs the kernels allocate start as NaN, so any element a kernel fails to write shows.
 
     Every module of ``liger_portable.ops`` allocates its outputs through a module-level ``empty``
-    (``torch.empty`` in normal use); this swaps it for a NaN-filled allocation."""
+    (``torch.empty`` in normal use), and some also through ``empty_like``; this swaps them for
+    NaN-filled allocations."""
     import importlib
     import pkgutil
 
@@ -125,6 +126,8 @@ def poison(monkeypatch):
         module = importlib.import_module(f"liger_portable.ops.{info.name}")
         if hasattr(module, "empty"):
             monkeypatch.setattr(module, "empty", nan_empty)
+        if hasattr(module, "empty_like"):
+            monkeypatch.setattr(module, "empty_like", lambda t: torch.full_like(t, float("nan")))
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -46,8 +46,9 @@ from .._dispatch import device_info
 from ..specs import KernelSpec, Param, next_pow2, register, rope_bucket
 from .launching import Launcher, eager_apply, kernel_op, plan, split_launch
 
-# Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
+# Output allocators; the tests swap in ones that fill with NaN to catch unwritten elements.
 empty = torch.empty
+empty_like = torch.empty_like
 
 
 @triton.jit
@@ -109,12 +110,15 @@ def _rope_kernel(
 # --------------------------------------------------------------------------- launch
 
 
-def out_like(x: torch.Tensor, alloc: Callable = torch.empty) -> torch.Tensor:
+def out_like(x: torch.Tensor, alloc: Callable = torch.empty, alloc_like: Callable = torch.empty_like) -> torch.Tensor:
     """A new tensor of ``x``'s shape and dtype, dense, in ``x``'s memory order (the strides of
     ``x`` when ``x`` is dense, like ``torch.empty_like``); contiguous if the last dimension of ``x``
     is not (the launch copies such an input). The last dimension always has stride 1."""
     if x.stride(-1) != 1:
         return alloc(tuple(x.shape), dtype=x.dtype, device=x.device)
+    out = alloc_like(x)  # x's own strides if x is dense (HF's transposed q): one allocation, no permute
+    if out.stride() == x.stride():
+        return out
     n = x.dim()
     strides = x.stride()
     order = sorted(range(n - 1), key=lambda i: (-strides[i], i)) + [n - 1]  # outermost first
@@ -150,8 +154,8 @@ def _launch(
     batch, _, seq_len, head_dim = ref.shape
     n_a = a.shape[1] if a is not None else 0
     n_b = b.shape[1] if b is not None else 0
-    ao = out_like(a, empty) if a is not None else None
-    bo = out_like(b, empty) if b is not None else None
+    ao = out_like(a, empty, empty_like) if a is not None else None
+    bo = out_like(b, empty, empty_like) if b is not None else None
     n_heads = n_a + n_b
     if n_heads == 0 or seq_len == 0 or batch == 0:
         return ao, bo
