@@ -556,8 +556,8 @@ def fused_linear_cross_entropy(
     chunk_mib: int | None = None,
 ):
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the logits:
-    the tokens are processed in chunks (size from the vendor table's ``CHUNK_MIB``, or
-    ``chunk_mib``), and the gradients of hidden, weight and bias are computed chunk by chunk in
+    the tokens are processed in chunks (by default about a thousand tokens, fewer where their
+    logits would pass half the size of the weight gradient; or ``chunk_mib``), and the gradients of hidden, weight and bias are computed chunk by chunk in
     the forward.
 
     Args:
@@ -570,7 +570,9 @@ def fused_linear_cross_entropy(
             :func:`cross_entropy`. ``reduction="none"`` recomputes the logits in the backward (one
             more ``BT x H x V`` product; the same memory).
         chunk_mib: MiB of logits per token chunk, the memory the op needs beyond the gradients
-            (None: the device table's, chosen memory-first). Each chunk reads and writes all of
+            (None: the device table's ``CHUNK_TOKENS`` tokens, set where reading and writing
+            grad_weight once per chunk costs about a tenth of the chunk's matmuls, within a
+            budget of half the weight gradient or 64 MiB). Each chunk reads and writes all of
             grad_weight once, so a larger chunk is faster for the memory it takes (the measured
             trade-off is in the results log). On the CPU fallback it is the MiB of float32 logits
             per chunk.

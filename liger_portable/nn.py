@@ -230,7 +230,7 @@ class FusedLinearCrossEntropyLoss(_LossOptions):
     :func:`liger_portable.functional.fused_linear_cross_entropy`. No parameters of its own:
     ``forward(lm_head_weight, hidden, target, bias=None)`` in Liger-Kernel's argument order
     returns the loss, or ``(loss, z_loss)`` with ``return_z_loss``. ``chunk_mib`` trades memory for
-    speed (None: the device table's chunk)."""
+    speed (None: the default chunk, see there)."""
 
     def __init__(
         self,

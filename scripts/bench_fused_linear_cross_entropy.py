@@ -6,7 +6,7 @@ liger-kernel's LigerFusedLinearCrossEntropyFunction (when importable), cut-cross
 (eager and CUDA-graph replay; a peer that syncs the host cannot be captured and shows nan), the
 achieved TFLOP/s (3 x 2 x BT x H x V FLOP) against the bf16 matmul rate measured in the same run,
 and peak extra memory (the gradients of hidden and weight included: every peer allocates them).
-``--sweep`` times the table's search space (BLOCK_V, warps, CHUNK_MIB) for ours alone;
+``--sweep`` times the table's search space (BLOCK_V, warps; CHUNK_TOKENS from the rule) for ours alone;
 ``--chunk-mib 512,1024`` adds ours with those ``chunk_mib`` values (memory traded for speed).
 
     python scripts/bench_fused_linear_cross_entropy.py [--sweep] [--chunk-mib 512,1024] [--shapes 8192x4096x128256 ...]

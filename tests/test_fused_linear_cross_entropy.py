@@ -81,7 +81,7 @@ def _run_and_compare(h, w, b, t, dtype, reduction="mean", opts=OPTIONS["plain"],
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Several chunks out of a tiny problem: CHUNK_MIB counts 2 KiB units, the fallback 4 KiB."""
+    """Several chunks out of a tiny problem: chunk_mib counts 2 KiB units, the fallback 4 KiB."""
     monkeypatch.setattr(fl_ops, "CHUNK_UNIT", 2048)
     monkeypatch.setattr(fl_fb, "CHUNK_BYTES", 4096)
 
@@ -267,7 +267,7 @@ def test_kernel_interpreter_fp16_small_gradients(simulated_device, poison, reduc
 @pytest.mark.interpreter
 @pytest.mark.parametrize("reduction", ["sum", "none"])
 def test_kernel_interpreter_chunk_mib(simulated_device, poison, small_chunks, monkeypatch, reduction):
-    """``chunk_mib`` overrides the table's CHUNK_MIB, forward and (``none``) the recomputing
+    """``chunk_mib`` overrides the default chunk, forward and (``none``) the recomputing
     backward, eager and under torch.compile (the custom ops carry it): 3 units of 2 KiB over
     V=100 fp32 rows of 400 B = 15 rows, rounded down to 8; the module passes it on too."""
     if simulated_device.arch != "sm90":
@@ -289,6 +289,42 @@ def test_kernel_interpreter_chunk_mib(simulated_device, poison, small_chunks, mo
         assert calls == [8, 8, 4] * (2 if reduction == "none" else 1)
         for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3]), (bl.grad, ref[4])):
             assert rel_err(out, r) <= 1e-5
+
+
+def test_default_chunk_rows():
+    """The default chunk: the config's tokens, fewer where their logits would pass half the weight
+    gradient and 64 MiB; a multiple of 8, at least 1."""
+    rows = fl_ops.default_chunk_rows
+    assert rows(128256, 4096, 2, 1024) == 1024  # Llama-3 8B: the budget allows 2048
+    assert rows(256000, 2304, 2, 1024) == 1024  # Gemma-2 2B: 1152
+    assert rows(256000, 1536, 2, 1024) == 768  # half the weight gradient
+    assert rows(50257, 768, 2, 1024) == 664  # 64 MiB, more than half of GPT-2's weight gradient
+    assert rows(32000, 768, 2, 1024) == 1024
+    assert rows(2 * 10**7, 1, 4, 1024) == 1  # one token's logits pass the budget: still one
+    for V, H, e, tokens in [(131071, 1000, 2, 777), (99, 5, 4, 3), (300001, 8191, 2, 4096), (1000, 7, 4, 50)]:
+        r = rows(V, H, e, tokens)
+        assert 1 <= r <= tokens and (r < 8 or r % 8 == 0), (V, H, e, tokens, r)
+        assert r == 1 or r * V * e <= max(V * H * e // 2, 64 * 2**20), (V, H, e, tokens, r)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_default_chunk_budget(simulated_device, poison, monkeypatch):
+    """Without ``chunk_mib`` the launch takes default_chunk_rows: here the budget (half the weight
+    gradient, 1600 B, with the floor lowered to 512 B) gives chunks of 4 rows of 400 B."""
+    if simulated_device.arch != "sm90":
+        pytest.skip("host-side chunking, vendor-independent: one table is enough")
+    monkeypatch.setattr(fl_ops, "CHUNK_UNIT", 8)
+    calls = []
+    real = fl_ops.ce_rows
+    monkeypatch.setattr(fl_ops, "ce_rows", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+    h, w, b, t = _inputs(18, 8, 100, torch.float32)
+    ref = flce_reference(h, w, b, t, reduction="mean", grad_out=torch.tensor(1.0))
+    hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = F.fused_linear_cross_entropy(hl, wl, t, b)
+    loss.backward()
+    assert calls == [4, 4, 4, 4, 2]
+    for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3])):
+        assert rel_err(out, r) <= 1e-5
 
 
 @pytest.mark.interpreter
@@ -349,7 +385,7 @@ def test_kernel_gpu_memory():
     h.requires_grad_()
     w.requires_grad_()
     cfg = fl_ops.config_for(h, w, None)
-    chunk = fl_fb.chunk_rows(V, 2, cfg.meta["CHUNK_MIB"] * 2**20) * V * 2
+    chunk = fl_ops.default_chunk_rows(V, H, 2, cfg.meta["CHUNK_TOKENS"]) * V * 2
     # cuBLAS allocates its workspace (32 MiB on Hopper) through PyTorch's allocator on a stream's
     # first matmul, and keeps it: allocated here, it is not counted as the op's memory whichever
     # test ran first in this process.

@@ -1,8 +1,9 @@
 """Fused linear cross-entropy: ``cross_entropy(hidden @ weight.T + bias, target)`` without ever
 holding the full (tokens x vocabulary) logits.
 
-The tokens are processed in chunks of ``CHUNK_MIB`` MiB of logits (rows = CHUNK_MIB MiB / (V x
-element size), at least 1, a multiple of 8 where possible). For each chunk, in the forward:
+The tokens are processed in chunks (:func:`default_chunk_rows`: the config's ``CHUNK_TOKENS``, fewer
+where a chunk's logits would pass the memory budget; or ``chunk_mib`` MiB of logits where the caller
+sets it; a multiple of 8 where possible). For each chunk, in the forward:
 
 1. ``logits = hidden_chunk @ weight.T (+ bias)`` with ``torch.addmm`` / ``torch.mm`` in the input
    dtype, into one reused chunk buffer;
@@ -20,7 +21,7 @@ For ``reduction="none"`` the per-token factors are divided by their largest magn
 is multiplied back at the end.
 
 grad_weight accumulates in the weight's dtype (bf16 for a bf16 model): an fp32 accumulator for
-V=128256, H=4096 is 2 GiB, which would break the 1.2 GiB memory goal; each chunk's product is
+V=128256, H=4096 is 2 GiB, twice the bf16 gradient and more than a default chunk; each chunk's product is
 accumulated in fp32 inside the matmul and rounded once per chunk (Liger-Kernel does the same).
 Peak extra memory = grad_weight + grad_hidden (+ grad_bias) + one chunk of logits.
 
@@ -47,8 +48,24 @@ from .cross_entropy import ce_rows, mean_scale, scale_rows_
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
 
-# Bytes in one CHUNK_MIB unit; the tests lower it to get several chunks out of a tiny problem.
+# Bytes in one MiB of a caller's ``chunk_mib`` and of the budget floor; the tests lower it to get
+# several chunks out of a tiny problem.
 CHUNK_UNIT = 2**20
+
+# The memory budget of the default chunk: its logits take at most half the weight gradient (which
+# the step holds anyway), or BUDGET_FLOOR_MIB where that is more (small heads).
+BUDGET_FLOOR_MIB = 64
+
+
+def default_chunk_rows(n_cols: int, hidden: int, element_size: int, tokens: int) -> int:
+    """Tokens per chunk when the caller sets no ``chunk_mib``: ``tokens`` (the config's
+    ``CHUNK_TOKENS``, the count at which reading and writing the weight gradient once per chunk
+    costs about a tenth of the chunk's three products on the device), or fewer where that chunk's
+    logits (``n_cols`` per token) would take more than half the weight gradient (``n_cols x
+    hidden``) and more than ``BUDGET_FLOOR_MIB``. At least 1, a multiple of 8 where possible."""
+    budget = max(n_cols * hidden * element_size // 2, BUDGET_FLOOR_MIB * CHUNK_UNIT)
+    rows = min(tokens, chunk_rows(n_cols, element_size, budget))
+    return rows - rows % 8 if rows >= 8 else max(1, rows)
 
 
 def _resolved(cfg: Resolved, dev, *problem) -> Resolved:
@@ -67,10 +84,13 @@ def config_for(hidden, weight, config, dev=None):
 
 
 def _chunks(hidden, weight, cfg, chunk_mib=None):
-    """Rows per chunk and the ``(start, end)`` of each: ``chunk_mib`` (else the config's
-    ``CHUNK_MIB``) MiB of logits per chunk."""
+    """Rows per chunk and the ``(start, end)`` of each: ``chunk_mib`` MiB of logits per chunk, else
+    :func:`default_chunk_rows`."""
     n_rows, n_cols = hidden.shape[0], weight.shape[0]
-    step = chunk_rows(n_cols, hidden.element_size(), (chunk_mib or cfg.meta["CHUNK_MIB"]) * CHUNK_UNIT)
+    if chunk_mib:
+        step = chunk_rows(n_cols, hidden.element_size(), chunk_mib * CHUNK_UNIT)
+    else:
+        step = default_chunk_rows(n_cols, hidden.shape[1], hidden.element_size(), cfg.meta["CHUNK_TOKENS"])
     step = max(1, min(step, n_rows))
     return step, [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
 
@@ -145,8 +165,8 @@ def flce_fwd(
     Returns ``(loss_rows, z_rows, grad_hidden, grad_weight, grad_bias)``: fp32 row losses
     (z-loss included) and z-losses (None without ``lse_square_scale``), and the gradients of the
     reduced loss (``mean`` / ``sum``) for the inputs flagged in ``want`` (else None; always None for
-    ``reduction="none"``). ``config`` overrides the resolved config (BLOCK_V, warps, CHUNK_MIB);
-    ``chunk_mib`` (None: the config's) the MiB of logits per chunk; ``dev`` the
+    ``reduction="none"``). ``config`` overrides the resolved config (BLOCK_V, warps, CHUNK_TOKENS);
+    ``chunk_mib`` (None: :func:`default_chunk_rows`) the MiB of logits per chunk; ``dev`` the
     :class:`~liger_portable.DeviceInfo` of ``hidden`` where the caller knows it.
     """
     dev = dev or device_info(hidden)
@@ -381,7 +401,7 @@ def fused_linear_cross_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Differentiable fused linear cross-entropy of 2-D ``hidden``, ``weight``, 1-D ``target``.
     Returns ``(loss, z_loss)`` (``z_loss`` None without ``lse_square_scale``). ``chunk_mib``: MiB
-    of logits per token chunk (None: the resolved config's ``CHUNK_MIB``); ``dev`` the
+    of logits per token chunk (None: :func:`default_chunk_rows`); ``dev`` the
     :class:`~liger_portable.DeviceInfo` of ``hidden`` where the caller has it (None: looked up)."""
     loss, z = _apply_flce(
         hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, chunk_mib,
@@ -397,15 +417,18 @@ def fused_linear_cross_entropy(
 # time, so a test can spy on them); see KernelSpec.examples.
 
 
-_CHUNK_MIB = Param(8, 8192, pow2=False, doc="logits memory of one token chunk, MiB", host=True)
+_CHUNK_TOKENS = Param(
+    8, 65536, pow2=False, host=True,
+    doc="tokens per chunk (fewer where the chunk's logits pass half the weight gradient and 64 MiB)",
+)
 
 
 def _examples(p) -> list:
     n_rows, n_cols, hidden = p.named["n_rows"], p.named["n_cols"], p.named["hidden"]
-    max_chunk = _CHUNK_MIB.hi * 2**20
     esize = torch.empty((), dtype=p.dtype).element_size()
-    # hidden and weight with their gradients, and the largest chunk of logits the search may try
-    p.need(2 * n_rows * hidden + 2 * n_cols * hidden, min(n_rows * n_cols * esize, max_chunk) + 8 * n_rows)
+    chunk = min(n_rows, default_chunk_rows(n_cols, hidden, esize, _CHUNK_TOKENS.hi)) * n_cols * esize
+    # hidden and weight with their gradients, and the largest chunk of logits a config may ask for
+    p.need(2 * n_rows * hidden + 2 * n_cols * hidden, chunk + 8 * n_rows)
     h = p.randn(n_rows, hidden)
     w = p.randn(n_cols, hidden, scale=hidden**-0.5)
     target = p.targets(n_rows, n_cols)
@@ -419,11 +442,11 @@ def _examples(p) -> list:
 SPECS = register(
     KernelSpec(
         # The cross-entropy launch inside the fused linear cross-entropy, plus the host-side
-        # token-chunk size (logits memory of one chunk, in MiB).
+        # token-chunk size (tokens per chunk, within the memory budget of default_chunk_rows).
         name="fused_linear_cross_entropy",
         key=("n_cols", "n_rows", "hidden"),
         bucket=flce_bucket,
-        params={"BLOCK_V": BLOCK_V, "CHUNK_MIB": _CHUNK_MIB},
+        params={"BLOCK_V": BLOCK_V, "CHUNK_TOKENS": _CHUNK_TOKENS},
         source="ops/fused_linear_cross_entropy.py",
         tile_values=lambda c, p: c["BLOCK_V"],
         examples=_examples,

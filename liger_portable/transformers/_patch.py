@@ -276,8 +276,8 @@ def patch(
         fused_linear_cross_entropy: in training mode with labels, compute the loss from the
             last hidden states and the LM head without building the logits (``logits`` is None).
         chunk_mib: the fused loss's MiB of logits per token chunk (see
-            :func:`liger_portable.functional.fused_linear_cross_entropy`); None: the device
-            table's memory-first chunk. Larger is faster for its size in memory. Kept as the
+            :func:`liger_portable.functional.fused_linear_cross_entropy`); None: the default
+            chunk (sized by the device's matmul rate and bandwidth, within a memory budget). Larger is faster for its size in memory. Kept as the
             model attribute ``liger_portable_chunk_mib``, which may be changed later.
 
     Raises:
