@@ -128,9 +128,12 @@ def bench_compare(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float, s
         err = max(((a - b).norm() / b.norm()).item() for a, b in zip(out, ref))
         del out
         try:
+            # Memory first, from no gradients: a step that replaced the last step's gradients (freed
+            # at its start) would count only what it holds beyond them.
+            h.grad = w.grad = None
+            mem = peak_extra_mib(step)
             ms = median_ms(step, warmup_ms=100, rep_ms=500)
             gms = graph_ms(step)
-            mem = peak_extra_mib(step)
         except torch.OutOfMemoryError as e:  # e.g. eager's logits at the largest shapes: skip the peer
             print(f"  {name:<18} out of memory while timing: {str(e)[:120]}")
             del h, w

@@ -292,25 +292,26 @@ def test_kernel_interpreter_chunk_mib(simulated_device, poison, small_chunks, mo
 
 
 def test_default_chunk_rows():
-    """The default chunk: the config's tokens, fewer where their logits would pass half the weight
-    gradient and 64 MiB; a multiple of 8, at least 1."""
+    """The default chunk: the config's tokens, more where they take under 256 MiB of logits, fewer
+    where the logits would take more than the weight gradient; a multiple of 8, at least 1."""
     rows = fl_ops.default_chunk_rows
-    assert rows(128256, 4096, 2, 1024) == 1024  # Llama-3 8B: the budget allows 2048
-    assert rows(256000, 2304, 2, 1024) == 1024  # Gemma-2 2B: 1152
-    assert rows(256000, 1536, 2, 1024) == 768  # half the weight gradient
-    assert rows(50257, 768, 2, 1024) == 664  # 64 MiB, more than half of GPT-2's weight gradient
-    assert rows(32000, 768, 2, 1024) == 1024
-    assert rows(2 * 10**7, 1, 4, 1024) == 1  # one token's logits pass the budget: still one
+    assert rows(128256, 4096, 2, 2048) == 2048  # Llama-3 8B: the weight gradient allows 4096
+    assert rows(256000, 2304, 2, 2048) == 2048  # Gemma-2 2B: 2304
+    assert rows(256000, 1536, 2, 2048) == 1536  # the weight gradient's size
+    assert rows(50257, 768, 2, 2048) == 2664  # GPT-2: 256 MiB of logits
+    assert rows(32000, 768, 2, 2048) == 4192
+    assert rows(10**8, 1, 4, 1024) == 1  # one token's logits pass every budget: still one
     for V, H, e, tokens in [(131071, 1000, 2, 777), (99, 5, 4, 3), (300001, 8191, 2, 4096), (1000, 7, 4, 50)]:
         r = rows(V, H, e, tokens)
-        assert 1 <= r <= tokens and (r < 8 or r % 8 == 0), (V, H, e, tokens, r)
-        assert r == 1 or r * V * e <= max(V * H * e // 2, 64 * 2**20), (V, H, e, tokens, r)
+        floor = 256 * 2**20 // (V * e)
+        assert 1 <= r <= max(tokens, floor) and (r < 8 or r % 8 == 0), (V, H, e, tokens, r)
+        assert r == 1 or r * V * e <= max(V * H * e, 256 * 2**20), (V, H, e, tokens, r)
 
 
 @pytest.mark.interpreter
 def test_kernel_interpreter_default_chunk_budget(simulated_device, poison, monkeypatch):
-    """Without ``chunk_mib`` the launch takes default_chunk_rows: here the budget (half the weight
-    gradient, 1600 B, with the floor lowered to 512 B) gives chunks of 4 rows of 400 B."""
+    """Without ``chunk_mib`` the launch takes default_chunk_rows: here (the MiB lowered to 8 B) the
+    weight gradient's 3200 B cap the chunk at 8 rows of 400 B."""
     if simulated_device.arch != "sm90":
         pytest.skip("host-side chunking, vendor-independent: one table is enough")
     monkeypatch.setattr(fl_ops, "CHUNK_UNIT", 8)
@@ -322,7 +323,7 @@ def test_kernel_interpreter_default_chunk_budget(simulated_device, poison, monke
     hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
     loss = F.fused_linear_cross_entropy(hl, wl, t, b)
     loss.backward()
-    assert calls == [4, 4, 4, 4, 2]
+    assert calls == [8, 8, 2]
     for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3])):
         assert rel_err(out, r) <= 1e-5
 

@@ -52,19 +52,25 @@ empty = torch.empty
 # several chunks out of a tiny problem.
 CHUNK_UNIT = 2**20
 
-# The memory budget of the default chunk: its logits take at most half the weight gradient (which
-# the step holds anyway), or BUDGET_FLOOR_MIB where that is more (small heads).
-BUDGET_FLOOR_MIB = 64
+# Below this much memory a chunk's logits count for little: the default chunk takes at least this
+# much of them (fewer chunks, less per-chunk overhead on small heads) where the problem has it.
+FLOOR_MIB = 256
 
 
 def default_chunk_rows(n_cols: int, hidden: int, element_size: int, tokens: int) -> int:
-    """Tokens per chunk when the caller sets no ``chunk_mib``: ``tokens`` (the config's
-    ``CHUNK_TOKENS``, the count at which reading and writing the weight gradient once per chunk
-    costs about a tenth of the chunk's three products on the device), or fewer where that chunk's
-    logits (``n_cols`` per token) would take more than half the weight gradient (``n_cols x
-    hidden``) and more than ``BUDGET_FLOOR_MIB``. At least 1, a multiple of 8 where possible."""
-    budget = max(n_cols * hidden * element_size // 2, BUDGET_FLOOR_MIB * CHUNK_UNIT)
-    rows = min(tokens, chunk_rows(n_cols, element_size, budget))
+    """Tokens per chunk when the caller sets no ``chunk_mib``.
+
+    ``tokens`` is the config's ``CHUNK_TOKENS``: the count at which reading and writing the weight
+    gradient once per chunk costs a small part of the chunk's three products on the device (that
+    traffic over the products' time is ``element size x R / (3 x B x tokens)`` for a matmul
+    rate ``R`` and a copy bandwidth ``B``, whatever ``hidden`` and ``n_cols``). The chunk takes
+    more tokens where their logits stay within ``FLOOR_MIB``, and fewer where the logits would
+    take more memory than the weight gradient the step already holds (``n_cols x hidden``), so
+    the op's peak beyond its gradients is at most the weight gradient's size, or ``FLOOR_MIB``.
+    At least 1, a multiple of 8 where possible."""
+    floor = chunk_rows(n_cols, element_size, FLOOR_MIB * CHUNK_UNIT)
+    budget = chunk_rows(n_cols, element_size, max(n_cols * hidden * element_size, FLOOR_MIB * CHUNK_UNIT))
+    rows = min(max(tokens, floor), budget)
     return rows - rows % 8 if rows >= 8 else max(1, rows)
 
 
@@ -419,7 +425,7 @@ def fused_linear_cross_entropy(
 
 _CHUNK_TOKENS = Param(
     8, 65536, pow2=False, host=True,
-    doc="tokens per chunk (fewer where the chunk's logits pass half the weight gradient and 64 MiB)",
+    doc="tokens per chunk (more within 256 MiB of logits; fewer where the logits pass the weight gradient's size)",
 )
 
 
