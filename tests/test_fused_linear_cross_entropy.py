@@ -330,9 +330,9 @@ def test_kernel_interpreter_default_chunk_budget(simulated_device, poison, monke
 
 @pytest.mark.interpreter
 def test_kernel_interpreter_logit_rows_aligned(simulated_device, poison, monkeypatch):
-    """The chunk's logits (which the three matmuls read or write) have a row stride that is a
-    multiple of 64 elements at a vocabulary that is not (cuBLAS's aligned kernels), and the
-    padding changes no result."""
+    """The products run on the vocabulary padded to a multiple of 64 (cuBLAS's aligned kernels):
+    the loss kernel sees the first V columns of a chunk whose rows are 320 wide at V 301, and the
+    padding changes no result (bias included)."""
     if simulated_device.arch != "sm90":
         pytest.skip("host-side buffer, vendor-independent: one table is enough")
     strides = []
@@ -340,11 +340,12 @@ def test_kernel_interpreter_logit_rows_aligned(simulated_device, poison, monkeyp
     monkeypatch.setattr(fl_ops, "ce_rows", lambda x, *a, **k: strides.append(x.stride()) or real(x, *a, **k))
     h, w, b, t = _inputs(13, 8, 301, torch.float32)
     ref = flce_reference(h, w, b, t, reduction="sum", grad_out=torch.tensor(1.0))
-    hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
-    loss = F.fused_linear_cross_entropy(hl, wl, t, b, reduction="sum")
+    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    loss = F.fused_linear_cross_entropy(hl, wl, t, bl, reduction="sum")
     loss.backward()
     assert strides == [(320, 1)]
-    for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3])):
+    assert wl.grad.shape == w.shape and bl.grad.shape == b.shape
+    for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3]), (bl.grad, ref[4])):
         assert rel_err(out, r) <= 1e-5
 
 

@@ -23,7 +23,8 @@ is multiplied back at the end.
 grad_weight accumulates in the weight's dtype (bf16 for a bf16 model): an fp32 accumulator for
 V=128256, H=4096 is 2 GiB, twice the bf16 gradient and more than a default chunk; each chunk's product is
 accumulated in fp32 inside the matmul and rounded once per chunk (Liger-Kernel does the same).
-Peak extra memory = grad_weight + grad_hidden (+ grad_bias) + one chunk of logits.
+Peak extra memory = grad_weight + grad_hidden (+ grad_bias) + one chunk of logits (+ a zero-padded
+copy of the weight where V is not a multiple of ``LD_ALIGN``, see :func:`padded_vocab`).
 
 The backward multiplies the stored gradients by the incoming scalar in place (skipped without
 a host sync when it is exactly 1). ``reduction="none"`` needs per-token factors that are known
@@ -109,18 +110,25 @@ def _chunk(hidden, target, rows, s: int, e: int):
     return hidden[s:e], target[s:e], None if rows is None else tuple(None if r is None else r[s:e] for r in rows)
 
 
-# The chunk buffer's rows are padded to a multiple of LD_ALIGN elements: a matrix product whose
-# row stride is not a multiple of 8 elements (GPT-2's V = 50257) takes cuBLAS's unaligned kernels,
-# which ran this op 3.8x slower than torch.compile (which pads too) on the H200.
+# The products run on a vocabulary padded with zero rows of the weight to a multiple of LD_ALIGN:
+# a product with a dimension or row stride that is not a multiple of 8 elements (GPT-2's V = 50257)
+# takes cuBLAS's unaligned kernels. On the H200 the logits and grad_hidden products of a GPT-2 chunk
+# ran at 94 and 125 TFLOP/s, against 638 and 685 at V = 50304. The padded weight is a copy (one
+# weight's memory more, only for such vocabularies); its zero rows give logits of exactly 0 in
+# columns the loss kernel never reads (it sees the first V), which add nothing to the gradients.
 LD_ALIGN = 64
 
 
-def chunk_buffer(rows: int, n_cols: int, like: torch.Tensor) -> torch.Tensor:
-    """An uninitialised ``(rows, n_cols)`` buffer in ``like``'s dtype and device whose row stride
-    is ``n_cols`` rounded up to a multiple of ``LD_ALIGN``."""
-    ld = -(-n_cols // LD_ALIGN) * LD_ALIGN
-    buf = empty((rows, ld), dtype=like.dtype, device=like.device)
-    return buf if ld == n_cols else buf[:, :n_cols]
+def padded_vocab(n_cols: int) -> int:
+    """The vocabulary the products run on: ``n_cols`` rounded up to a multiple of ``LD_ALIGN``."""
+    return -(-n_cols // LD_ALIGN) * LD_ALIGN
+
+
+def _pad_rows(t: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """``t`` (V, ...) with zero rows appended up to ``rows`` (``t`` itself when it has them)."""
+    if t is None or t.shape[0] == rows:
+        return t
+    return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1) + (0, rows - t.shape[0]))
 
 
 def _logits(buf, hc, weight, bias):
@@ -153,6 +161,7 @@ def _finish_(gh, gw, gb, gb32, alpha: float, factor: torch.Tensor | None, dev) -
     """After the last chunk: the bias gradient from its fp32 sum (times ``alpha``), then every
     gradient times the device tensor ``factor`` (None: none; rows where it is exactly 1 are skipped)."""
     if gb is not None:
+        gb32 = gb32[: gb.shape[0]]  # the padded vocabulary's sums: the first V are the bias's
         gb.copy_(gb32.mul_(alpha) if alpha != 1.0 else gb32)
     if factor is not None:
         _scale_grads_((gh, gw, gb), factor, dev)
@@ -196,10 +205,12 @@ def flce_fwd(
     want_b = want_b and bias is not None
     grads = reduction != "none" and (want_h or want_w or want_b)
     scale = mean_scale(target, ignore_index) if reduction == "mean" else None
+    n_pad = padded_vocab(n_cols)
     gh = empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if grads and want_h else None
-    gw = empty(weight.shape, dtype=weight.dtype, device=weight.device) if grads and want_w else None
+    gw_pad = empty((n_pad, weight.shape[1]), dtype=weight.dtype, device=weight.device) if grads and want_w else None
+    gw = None if gw_pad is None else gw_pad[:n_cols]
     gb = empty(bias.shape, dtype=bias.dtype, device=bias.device) if grads and want_b else None
-    gb32 = empty(bias.shape, dtype=torch.float32, device=bias.device) if gb is not None else None
+    gb32 = empty((n_pad,), dtype=torch.float32, device=bias.device) if gb is not None else None
     loss_rows = empty((n_rows,), dtype=torch.float32, device=hidden.device)
     z_rows = empty((n_rows,), dtype=torch.float32, device=hidden.device) if lse_square_scale != 0.0 else None
     if n_rows == 0:
@@ -214,17 +225,18 @@ def flce_fwd(
         grad_scale, kernel_scale = _HALF_GRAD_SCALE, None
         alpha = 1.0 / (_HALF_GRAD_SCALE * (n_rows if reduction == "mean" else 1))
     step, chunks = _chunks(hidden, weight, cfg, chunk_mib)
-    buf = chunk_buffer(step, n_cols, hidden)
+    buf = empty((step, n_pad), dtype=hidden.dtype, device=hidden.device)
+    w_pad, b_pad = _pad_rows(weight, n_pad), _pad_rows(bias, n_pad)
     for i, (s, e) in enumerate(chunks):
         hc, tc, out = _chunk(hidden, target, (loss_rows, z_rows), s, e)
-        logits = _logits(buf, hc, weight, bias)
+        logits = _logits(buf, hc, w_pad, b_pad)
         ce_rows(
-            logits, tc, ignore_index=ignore_index, label_smoothing=label_smoothing,
+            logits if n_pad == n_cols else logits[:, :n_cols], tc, ignore_index=ignore_index, label_smoothing=label_smoothing,
             lse_square_scale=lse_square_scale, softcap=softcap, grad_scale=grad_scale, scale=kernel_scale,
             return_grad=grads, out=out, config=cfg, dev=dev,
         )
         if grads:
-            _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0, alpha)
+            _accumulate(logits, hc, w_pad, gh, gw_pad, gb32, s, e, i == 0, alpha)
     # fp16 mean: the n_rows / count that alpha left out
     _finish_(gh, gw, gb, gb32, alpha, scale * n_rows if half and scale is not None else None, dev)
     return loss_rows, z_rows, gh, gw, gb
@@ -243,13 +255,15 @@ def flce_bwd_recompute(
     n_cols = weight.shape[0]
     want_h, want_w, want_b = want
     want_b = want_b and bias is not None
+    n_pad = padded_vocab(n_cols)
     gh = empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if want_h else None
-    gw = empty(weight.shape, dtype=weight.dtype, device=weight.device) if want_w else None
+    gw_pad = empty((n_pad, weight.shape[1]), dtype=weight.dtype, device=weight.device) if want_w else None
+    gw = None if gw_pad is None else gw_pad[:n_cols]
     gb = empty(bias.shape, dtype=bias.dtype, device=bias.device) if want_b else None
     if hidden.shape[0] == 0:
         return gh, None if gw is None else gw.zero_(), None if gb is None else gb.zero_()
     dloss_rows = dloss_rows.reshape(-1).to(torch.float32).contiguous()
-    gb32 = empty(bias.shape, dtype=torch.float32, device=bias.device) if gb is not None else None
+    gb32 = empty((n_pad,), dtype=torch.float32, device=bias.device) if gb is not None else None
     # fp16: the per-token factors (e.g. 1/count from a hand-written mean) are divided by their
     # largest magnitude m and the kernel writes _HALF_GRAD_SCALE x the gradient with those; the
     # matmuls scale back by alpha, and m (a device tensor: no host sync) is applied at the end.
@@ -260,16 +274,17 @@ def flce_bwd_recompute(
         dloss_rows = dloss_rows * (_HALF_GRAD_SCALE / peak)
         alpha = 1.0 / _HALF_GRAD_SCALE
     step, chunks = _chunks(hidden, weight, cfg, chunk_mib)
-    buf = chunk_buffer(step, n_cols, hidden)
+    buf = empty((step, n_pad), dtype=hidden.dtype, device=hidden.device)
+    w_pad, b_pad = _pad_rows(weight, n_pad), _pad_rows(bias, n_pad)
     for i, (s, e) in enumerate(chunks):
         hc, tc, _ = _chunk(hidden, target, None, s, e)
-        logits = _logits(buf, hc, weight, bias)
+        logits = _logits(buf, hc, w_pad, b_pad)
         ce_rows(
-            logits, tc, ignore_index=ignore_index, label_smoothing=label_smoothing,
+            logits if n_pad == n_cols else logits[:, :n_cols], tc, ignore_index=ignore_index, label_smoothing=label_smoothing,
             lse_square_scale=lse_square_scale, softcap=softcap, scale=dloss_rows[s:e], return_grad=True,
             config=cfg, dev=dev,
         )
-        _accumulate(logits, hc, weight, gh, gw, gb32, s, e, i == 0, alpha)
+        _accumulate(logits, hc, w_pad, gh, gw_pad, gb32, s, e, i == 0, alpha)
     _finish_(gh, gw, gb, gb32, alpha, peak, dev)
     return gh, gw, gb
 
