@@ -556,9 +556,9 @@ def fused_linear_cross_entropy(
     chunk_mib: int | None = None,
 ):
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` without materialising the logits:
-    the tokens are processed in chunks (by default about a thousand tokens, fewer where their
-    logits would pass half the size of the weight gradient; or ``chunk_mib``), and the gradients of hidden, weight and bias are computed chunk by chunk in
-    the forward.
+    the tokens are processed in chunks (by default about the device table's ``CHUNK_TOKENS``,
+    within a memory budget of the weight gradient's size; or ``chunk_mib``), and the gradients of
+    hidden, weight and bias are computed chunk by chunk in the forward.
 
     Args:
         hidden: ``(..., H)`` last hidden states; float32, bfloat16 or float16 (float64 runs the
@@ -571,8 +571,9 @@ def fused_linear_cross_entropy(
             more ``BT x H x V`` product; the same memory).
         chunk_mib: MiB of logits per token chunk, the memory the op needs beyond the gradients
             (None: the device table's ``CHUNK_TOKENS`` tokens, set where reading and writing
-            grad_weight once per chunk costs about a tenth of the chunk's matmuls, within a
-            budget of half the weight gradient or 64 MiB). Each chunk reads and writes all of
+            grad_weight once per chunk costs a small part of the chunk's matmuls; more where they
+            take under 256 MiB of logits, fewer where they would take more than the weight
+            gradient: see ``ops.fused_linear_cross_entropy.default_chunk_rows``). Each chunk reads and writes all of
             grad_weight once, so a larger chunk is faster for the memory it takes (the measured
             trade-off is in the results log). On the CPU fallback it is the MiB of float32 logits
             per chunk.
