@@ -11,6 +11,7 @@ import importlib.util
 
 import torch
 from torch.nn.modules import module as _nn_module
+from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from . import _dtensor, fallback
 from ._checks import KERNEL_DTYPES, check_ce_options, check_choice, check_chunk_mib, check_float, check_nonneg_number, check_real
@@ -288,14 +289,18 @@ def glu_down(
 ) -> torch.Tensor | None:
     """``down(act(a) * b)`` without keeping ``act(a) * b`` for the backward, or None where that
     fusion does not apply and the caller runs the modules as they are: no gradient to compute, not
-    the Triton kernels' device or dtype, under torch.compile or autocast, a ``down`` that is not a
-    plain ``nn.Linear`` (a LoRA wrapper, a subclass) or has hooks, DTensor weights, or weights of
-    another dtype than ``a``. Used by the MLP modules, whose ``a`` and ``b`` are private."""
+    the Triton kernels' device or dtype, under autocast, a ``down`` that is not a plain
+    ``nn.Linear`` (a LoRA wrapper, a subclass) or has hooks, DTensor weights, or weights of another
+    dtype than ``a``. Used by the MLP modules, whose ``a`` and ``b`` are private.
+
+    Under torch.compile the product is computed inside an activation-checkpoint region
+    (``torch.utils.checkpoint``): the compiler's partitioner then recomputes it in the backward, as
+    the eager path does, instead of saving a (tokens x intermediate) tensor per layer (it would not
+    recompute a custom op of its own accord)."""
     weight, bias = getattr(down, "weight", None), getattr(down, "bias", None)
     if (
         type(down) is not torch.nn.Linear
         or not torch.is_grad_enabled()
-        or torch.compiler.is_compiling()
         or down._forward_hooks or down._forward_pre_hooks or down._backward_hooks or down._backward_pre_hooks
         or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
         or a.shape != b.shape or a.dtype != b.dtype or weight.dtype != a.dtype
@@ -306,6 +311,9 @@ def glu_down(
         or torch.is_autocast_enabled(a.device.type)
     ):
         return None
+    if torch.compiler.is_compiling():
+        product = swiglu if act == "silu" else geglu
+        return torch.nn.functional.linear(_checkpoint(product, a, b, use_reentrant=False), weight, bias)
     dev = _kernel_device(_glu_ops, a.device, a)
     if dev is None:
         return None

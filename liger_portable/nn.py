@@ -140,9 +140,10 @@ class SwiGLUMLP(_GatedMLP):
     The gate and up activations are private to the module, so the backward writes their gradients
     into their storage (``inplace_backward=True``). With the Triton kernels, in eager training, the
     product is not kept for the backward either: ``down_proj`` runs inside one autograd function
-    whose backward recomputes it (one tokens x intermediate tensor less per layer). Where that does
-    not apply (``down_proj`` wrapped or hooked, torch.compile, autocast, the CPU fallback) the
-    modules run as written above, with the same results.
+    whose backward recomputes it (one tokens x intermediate tensor less per layer); under
+    torch.compile the product sits in an activation-checkpoint region, which the compiler
+    recomputes in the backward. Where that does not apply (``down_proj`` wrapped or hooked,
+    autocast, the CPU fallback in eager mode) the modules run as written above, with the same results.
     """
 
     _ACTS = ("silu", "swish")

@@ -20,7 +20,8 @@ after the model is built to the end (weights, gradients, AdamW state and activat
 
 ``--compile [MODE]`` compiles each variant's model after patching (``model.compile(mode=MODE)``;
 ``default``, ``reduce-overhead`` with CUDA graphs, or ``max-autotune-no-cudagraphs``); the warm-up
-steps absorb the compilation. ``--repeats N`` runs the variants N times, interleaved (hf, liger-kernel,
+steps absorb the compilation. ``--compile-scope layers`` compiles each decoder layer instead of the whole model (torchtitan's way):
+the attention mask, embedding, final norm and loss then run eagerly. ``--repeats N`` runs the variants N times, interleaved (hf, liger-kernel,
 liger-portable, hf, ...), each run in a fresh subprocess, and reports the median tokens/s with the
 spread of the runs (a host-bound step varies from run to run).
 
@@ -111,6 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--variant-timeout", type=float, default=300, help="seconds before a variant's subprocess is killed")
     ap.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, default=None,
                     help="model.compile(mode=...) after patching (no value: the default mode)")
+    ap.add_argument("--compile-scope", choices=("model", "layers"), default="model",
+                    help="with --compile: the whole model (model.compile()) or each decoder layer "
+                         "(layer.compile(), as torchtitan compiles; embedding, final norm and loss stay eager)")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved runs of all variants (median and spread)")
     ap.add_argument("--no-cudnn-attention", action="store_true",
                     help="torch.backends.cuda.enable_cudnn_sdp(False) in every variant (under model.compile() "
@@ -202,7 +206,9 @@ def worker(args: argparse.Namespace) -> dict:
     except ImportError as e:
         return {**out, "status": "unavailable", "reason": _reason(e)}
     if args.compile:
-        model.compile(mode=None if args.compile == "default" else args.compile)
+        mode = None if args.compile == "default" else args.compile
+        for part in (model.model.layers if args.compile_scope == "layers" else [model]):
+            part.compile(mode=mode)
     mem = getattr(torch, device.type) if device.type != "cpu" else None
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), generator=g).to(device)
@@ -220,7 +226,7 @@ def worker(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             if args.compile == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
-            res = model(input_ids=ids, labels=ids)
+            res = model(input_ids=ids, labels=ids, use_cache=False)  # training: no KV cache
             res.loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -259,7 +265,7 @@ def profile_steps(model, opt, ids: torch.Tensor, variant: str, steps: int) -> di
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
-            model(input_ids=ids, labels=ids).loss.backward()
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -379,6 +385,7 @@ def _label(args: argparse.Namespace, variant: str) -> str:
     name = {"hf": "hugging-face"}.get(variant, variant)
     if args.compile:
         name = f"{name} + compile" + ("" if args.compile == "default" else f" ({args.compile})")
+        name += " per layer" if args.compile_scope == "layers" else ""
     return name + (" (cuDNN attention off)" if args.no_cudnn_attention else "")
 
 

@@ -20,7 +20,7 @@ from liger_portable import fallback
 from liger_portable import functional as F
 from liger_portable import nn as lnn
 
-from conftest import TOL, rel_err
+from conftest import SIMULATED_DEVICES, TOL, rel_err
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ACTS = ["swiglu", "geglu"]
@@ -513,6 +513,38 @@ def test_kernel_interpreter_module_compile_fullgraph(simulated_device):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("sim", [None, "cuda-sm90"], ids=["fallback", "cuda-sm90"])
+@pytest.mark.parametrize("act", ACTS)
+def test_module_compile_does_not_keep_the_product(sim, act):
+    """Under torch.compile (AOTAutograd's min-cut partitioner, as Inductor's) the MLP saves one
+    (tokens x intermediate) tensor less than the modules as written, compiled alike: the product is
+    recomputed in the backward, as in eager mode. Results and gradients as the eager module's."""
+    with liger_portable.simulate(SIMULATED_DEVICES[sim] if sim else None):
+        _check_compiled_mlp_memory(act, torch.device("cpu"), "aot_eager")
+
+
+def _check_compiled_mlp_memory(act: str, device: torch.device, backend: str) -> None:
+    m = MODULES[act](_config(hidden=32, inter=72)).to(device)
+    hand = HandLlamaMLP(32, 72, False, act).to(device)
+    hand.load_state_dict(m.state_dict())
+    x = torch.randn(3, 5, 32, device=device, requires_grad=True)
+    dy = torch.randn(3, 5, 32, device=device)
+    y_ref = m(x)
+    y_ref.backward(dy)
+    ref = (y_ref.detach(), x.grad, m.down_proj.weight.grad, m.gate_proj.weight.grad)
+    x.grad = None
+    m.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    y, fused = _saved_bytes(torch.compile(m, fullgraph=True, backend=backend), x)
+    y.backward(dy)
+    _, written = _saved_bytes(torch.compile(hand, fullgraph=True, backend=backend), x)
+    assert fused <= written - 3 * 5 * 72 * x.element_size(), (fused, written)
+    got = (y.detach(), x.grad, m.down_proj.weight.grad, m.gate_proj.weight.grad)
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 1e-5
+
+
+@pytest.mark.interpreter
 def test_kernel_interpreter_module_backward_runs_once(simulated_device):
     m = MODULES["swiglu"](_config(hidden=32, inter=72))
     x = torch.randn(4, 32, requires_grad=True)
@@ -619,6 +651,13 @@ def test_module_gpu(act):
     hand = HandLlamaMLP(256, 704, False, act).to(dev)
     hand.load_state_dict(m.state_dict())
     _compare_modules(m, hand, torch.float32, tol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ACTS)
+def test_module_compile_does_not_keep_the_product_gpu(act):
+    """As the CPU test, under Inductor with the kernel ops (triton_ops on CUDA)."""
+    _check_compiled_mlp_memory(act, _gpu(), "inductor")
 
 
 @pytest.mark.gpu
