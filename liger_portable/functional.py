@@ -293,10 +293,10 @@ def glu_down(
     ``nn.Linear`` (a LoRA wrapper, a subclass) or has hooks, DTensor weights, or weights of another
     dtype than ``a``. Used by the MLP modules, whose ``a`` and ``b`` are private.
 
-    Under torch.compile the product is computed inside an activation-checkpoint region
-    (``torch.utils.checkpoint``): the compiler's partitioner then recomputes it in the backward, as
-    the eager path does, instead of saving a (tokens x intermediate) tensor per layer (it would not
-    recompute a custom op of its own accord)."""
+    Under torch.compile the product is the differentiable kernel op (``ops.glu.glu_op``) inside an
+    activation-checkpoint region (``torch.utils.checkpoint``): the compiler's partitioner then
+    recomputes it in the backward, as the eager path does, instead of saving a (tokens x
+    intermediate) tensor per layer (it would not recompute a custom op of its own accord)."""
     weight, bias = getattr(down, "weight", None), getattr(down, "bias", None)
     if (
         type(down) is not torch.nn.Linear
@@ -311,10 +311,14 @@ def glu_down(
         or torch.is_autocast_enabled(a.device.type)
     ):
         return None
-    if torch.compiler.is_compiling():
-        product = swiglu if act == "silu" else geglu
-        return torch.nn.functional.linear(_checkpoint(product, a, b, use_reentrant=False), weight, bias)
     dev = _kernel_device(_glu_ops, a.device, a)
+    if torch.compiler.is_compiling():
+        if dev is None:
+            product = fallback.swiglu if act == "silu" else fallback.geglu
+        else:
+            def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+                return _glu_ops.glu_op(_rows(a), _rows(b), act).view(a.shape)
+        return torch.nn.functional.linear(_checkpoint(product, a, b, use_reentrant=False), weight, bias)
     if dev is None:
         return None
     out = _mlp_ops.glu_down(_rows(a), _rows(b), weight, bias, act, dev)

@@ -227,6 +227,25 @@ def glu_backward_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, act: str
     return glu_bwd(dc, a, b, act, False)
 
 
+def _glu_op_setup_context(ctx, inputs, output):
+    a, b, act = inputs
+    ctx.save_for_backward(a, b)
+    ctx.act = act
+
+
+def _glu_op_backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    da, db = glu_backward_op(dc, a, b, ctx.act)
+    return da, db, None
+
+
+# The kernel op is differentiable on its own, for callers that put it inside an activation-checkpoint
+# region under torch.compile (the fused MLP: functional.glu_down). There it must be called directly:
+# with torch 2.11 the compiler did not tag the ops of an autograd.Function inside such a region, and
+# the partitioner then saved the product instead of recomputing it.
+glu_op.register_autograd(_glu_op_backward, setup_context=_glu_op_setup_context)
+
+
 class _GLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, act, inplace, dev):
