@@ -6,6 +6,12 @@ import torch
 from torch import nn
 
 from . import functional as F
+from .chunked_loss import (  # the fused linear preference losses, under liger-kernel's names
+    LigerFusedLinearCPOLoss,
+    LigerFusedLinearDPOLoss,
+    LigerFusedLinearORPOLoss,
+    LigerFusedLinearSimPOLoss,
+)
 from ._checks import check_ce_options, check_choice, check_chunk_mib, check_nonneg_number, check_real
 
 __all__ = [
@@ -15,6 +21,10 @@ __all__ = [
     "GEGLUMLP",
     "CrossEntropyLoss",
     "FusedLinearCrossEntropyLoss",
+    "LigerFusedLinearDPOLoss",
+    "LigerFusedLinearORPOLoss",
+    "LigerFusedLinearSimPOLoss",
+    "LigerFusedLinearCPOLoss",
 ]
 
 

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     # ops.fused_linear_cross_entropy uses fallback.cross_entropy.chunk_rows: a kernels-layer module.
     ("kernels", {"ops", "_dispatch", "fallback"}),
     ("tuning", {"tuning", "_warmup"}),
-    ("API", {"functional", "nn", "_dtensor"}),
+    ("API", {"functional", "nn", "chunked_loss", "_dtensor"}),
     ("patching", {"transformers"}),
     ("CLI", {"cli", "_arguments", "commands", "demo", "warmup", "__main__", "compile_matrix"}),
 ]

@@ -1,0 +1,142 @@
+"""Fused linear preference losses (DPO, ORPO, SimPO, CPO) on the LM head: time and memory, side by side.
+
+For each loss, forward + backward from Python at a 7B-class head (H 4096, V 128256, 2 x 4 x 2048
+tokens: 4 chosen and 4 rejected sequences, half of each a prompt), in bf16:
+
+* **liger-portable**: ``liger_portable.chunked_loss`` (the fused linear cross-entropy's kernels with
+  ``reduction="none"``, the loss on the sequence log-probabilities);
+* **liger-kernel**: ``liger_kernel.chunked_loss`` (its chunked PyTorch, ``compiled=True`` as its default);
+* **torch**: the unfused loss from the full logits (``log_softmax`` in float32), as TRL computes it
+  without liger; skipped above ``--skip-unfused-over-gib`` of float32 logits.
+
+Median ms over repeated calls and the peak memory beyond the inputs (the weight gradient included),
+each implementation first measured for memory from no gradients. Records go to the results log
+(``fwd_bwd_eager_ms`` with ``peak_mib``): ``$OUT/preference_loss.jsonl`` if OUT is set.
+
+    python scripts/bench_preference_loss.py [--losses dpo,orpo,simpo,cpo] [--hidden 4096] [--vocab 128256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as TF
+
+from benchlib import environment, peak_extra_mib, save_records, timing_records
+
+from liger_portable import chunked_loss as C
+
+IGNORE = -100
+
+
+def _unfused(kind: str):
+    """The loss from the full logits (policy in float32 log-softmax), the same formulas."""
+
+    def loss(h, w, t, ref=None):
+        n = h.shape[0] // 2
+        logp = torch.log_softmax((h @ w.T).float(), -1)
+        mask = t != IGNORE
+        tok = logp.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+        average = kind in ("orpo", "simpo")
+        seq = tok.sum(-1) / (mask.sum(-1).clamp(min=1) if average else 1)
+        nll = -tok[:n].sum() / mask[:n].sum()
+        if kind == "dpo":
+            with torch.no_grad():
+                rlogp = torch.log_softmax((ref[0] @ ref[1].T).float(), -1)
+                rseq = (rlogp.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask).sum(-1)
+            return C.dpo_pair_losses(seq[:n], seq[n:], rseq[:n], rseq[n:], 0.1)[0].mean()
+        if kind == "orpo":
+            return nll + C.orpo_pair_losses(seq[:n], seq[n:], 0.1)[0].mean()
+        if kind == "simpo":
+            return nll + C.simpo_pair_losses(seq[:n], seq[n:], 0.1, 0.5, 0.0)[0].mean()
+        return nll + C.cpo_pair_losses(seq[:n], seq[n:], 0.1, 0.0)[0].mean()
+
+    return loss
+
+
+def _impls(kind: str, h, w, t, ref):
+    ours = {
+        "dpo": lambda: C.LigerFusedLinearDPOLoss()(w, h, t, None, *ref)[0],
+        "orpo": lambda: C.LigerFusedLinearORPOLoss()(w, h, t)[0],
+        "simpo": lambda: C.LigerFusedLinearSimPOLoss()(w, h, t)[0],
+        "cpo": lambda: C.LigerFusedLinearCPOLoss()(w, h, t)[0],
+    }[kind]
+    out = {"liger-portable": ours}
+    try:
+        import liger_kernel.chunked_loss as LK
+
+        cls = {"dpo": LK.LigerFusedLinearDPOLoss, "orpo": LK.LigerFusedLinearORPOLoss,
+               "simpo": LK.LigerFusedLinearSimPOLoss, "cpo": LK.LigerFusedLinearCPOLoss}[kind]
+        module = cls()
+        out["liger-kernel"] = (lambda: module(w, h, t, None, *ref)[0]) if kind == "dpo" else (lambda: module(w, h, t)[0])
+    except Exception as e:  # noqa: BLE001 - the peer is optional
+        print(f"  liger-kernel unavailable: {type(e).__name__}: {e}")
+    unfused = _unfused(kind)
+    out["torch"] = lambda: unfused(h, w, t, ref)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--losses", default="dpo,orpo,simpo,cpo")
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--calls", type=int, default=10, help="timed calls per implementation (median)")
+    ap.add_argument("--skip-unfused-over-gib", type=float, default=40.0)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a GPU")
+        return 1
+    print(environment())
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    n2, T, H, V = 2 * args.pairs, args.seq, args.hidden, args.vocab
+    h = torch.randn(n2, T, H, device=dev, dtype=dt, generator=g).requires_grad_()
+    w = (torch.randn(V, H, device=dev, dtype=dt, generator=g) / H**0.5).requires_grad_()
+    t = torch.randint(0, V, (n2, T), device=dev, generator=g)
+    t[:, : T // 2] = IGNORE
+    ref = (h.detach() + 0.1 * torch.randn_like(h), w.detach() + 0.01 * torch.randn_like(w))
+    shape = f"{args.pairs}+{args.pairs} x {T} x {H} x {V}"
+    logits_gib = n2 * T * V * 4 / 2**30
+    records = []
+    for kind in args.losses.split(","):
+        print(f"{kind}, {shape} (bf16):")
+        for name, fn in _impls(kind, h, w, t, ref).items():
+            if name == "torch" and logits_gib > args.skip_unfused_over_gib:
+                print(f"  {name}: skipped ({logits_gib:.0f} GiB of float32 logits)")
+                continue
+
+            def step():
+                h.grad = w.grad = None
+                fn().backward()
+
+            try:
+                torch.cuda.synchronize()
+                peak = peak_extra_mib(step)
+                step()
+                times = []
+                for _ in range(args.calls):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    step()
+                    torch.cuda.synchronize()
+                    times.append(1e3 * (time.perf_counter() - t0))
+            except torch.OutOfMemoryError:
+                print(f"  {name}: out of memory")
+                torch.cuda.empty_cache()
+                continue
+            ms = statistics.median(times)
+            print(f"  {name:15s} {ms:8.2f} ms  {peak:8.0f} MiB beyond the inputs")
+            records += timing_records(f"{kind}_loss", shape, name, ms, peak_mib=peak,
+                                      note=f"median of {args.calls} calls, each between synchronisations")
+    print(f"results: {save_records('preference_loss', records)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
