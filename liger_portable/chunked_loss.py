@@ -1,8 +1,9 @@
-"""Fused linear preference losses: DPO, ORPO, SimPO and CPO on the language-model head, without
-ever holding the (tokens x vocabulary) logits.
+"""Fused linear preference and RL losses on the language-model head: DPO, ORPO, SimPO, CPO, KTO and
+GRPO, without ever holding the (tokens x vocabulary) logits.
 
-Each loss is a function of every sequence's log-probability of its completion (the sum, or the mean,
-of its tokens' log-probabilities) and, where asked, of the chosen sequences' NLL. A token's
+Each loss is a function of its tokens' log-probabilities: of every sequence's log-probability of its
+completion (the sum, or the mean, of its tokens'), of the chosen sequences' NLL where asked, and for
+GRPO of each token's ratio to the sampling policy and its KL estimate to the reference. A token's
 log-probability is minus its cross-entropy, so the token log-probabilities come from
 :func:`liger_portable.functional.fused_linear_cross_entropy` with ``reduction="none"``: the device's
 tuned kernels on every vendor, chunk by chunk, or the PyTorch fallback on the CPU. The loss over
@@ -39,10 +40,14 @@ DPO_LOSS_TYPES = (
 __all__ = [
     "LigerFusedLinearCPOLoss",
     "LigerFusedLinearDPOLoss",
+    "LigerFusedLinearGRPOLoss",
+    "LigerFusedLinearKTOLoss",
     "LigerFusedLinearORPOLoss",
     "LigerFusedLinearSimPOLoss",
     "fused_linear_cpo_loss",
     "fused_linear_dpo_loss",
+    "fused_linear_grpo_loss",
+    "fused_linear_kto_loss",
     "fused_linear_orpo_loss",
     "fused_linear_simpo_loss",
 ]
@@ -80,19 +85,19 @@ def _sequence_logps(token_logps: torch.Tensor, mask: torch.Tensor, average: bool
     return total / mask.sum(-1).clamp(min=1) if average else total
 
 
-def _logits_mean(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The mean of ``hidden @ weight.T + bias`` over every position and class, from the classes' sum
-    of the weight rows (no logits), in float32 (hidden converted 2048 rows at a time): liger-kernel's
-    logging figure, not differentiable. The mean of logits is a small difference of large terms:
-    rounding the row sums to bf16 put it 2% off."""
+def _logit_sums(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Per sequence, the sum of ``hidden @ weight.T + bias`` over its positions and the classes, from
+    the classes' sum of the weight rows (no logits), in float32 (hidden converted 2048 rows at a
+    time): liger-kernel's logging figures, not differentiable. They are small differences of large
+    terms: rounding the row sums to bf16 put them 2% off."""
     with torch.no_grad():
         rows = hidden.reshape(-1, hidden.shape[-1])
         acc = torch.promote_types(hidden.dtype, torch.float32)
         column_sums = weight.sum(0, dtype=acc)
-        total = sum((chunk.to(acc) @ column_sums).sum() for chunk in rows.split(2048))
+        row_sums = torch.cat([chunk.to(acc) @ column_sums for chunk in rows.split(2048)]) if rows.shape[0] else rows.new_zeros(0, dtype=acc)
         if bias is not None:
-            total = total + bias.sum(dtype=acc) * rows.shape[0]
-        return total / (rows.shape[0] * weight.shape[0])
+            row_sums = row_sums + bias.sum(dtype=acc)
+        return row_sums.view(hidden.shape[:-1]).sum(-1)
 
 
 def _pairs(
@@ -125,7 +130,9 @@ def _pairs(
             count = (chosen_target != ignore_index).sum()
         nll_pairs = per_pair / count.clamp(min=1)
         nll = nll_pairs.sum()
-    means = (_logits_mean(hidden[:n], weight, bias), _logits_mean(hidden[n:], weight, bias))
+    sums = _logit_sums(hidden, weight, bias)
+    per_half = n * hidden.shape[1] * weight.shape[0]
+    means = (sums[:n].sum() / per_half, sums[n:].sum() / per_half)
     return logps[:n], logps[n:], nll, nll_pairs, means
 
 
@@ -339,6 +346,179 @@ def _check_smoothing(label_smoothing) -> float:
     return value
 
 
+# --------------------------------------------------------------------------- KTO (unpaired)
+
+
+def fused_linear_kto_loss(
+    _input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None, *,
+    preference_labels: torch.Tensor, ref_input: torch.Tensor | None = None, ref_weight: torch.Tensor | None = None,
+    ref_bias: torch.Tensor | None = None, ref_logps: torch.Tensor | None = None, kl: torch.Tensor | None = None,
+    use_ref_model: bool = False, ignore_index: int = -100, beta: float = 0.1, average_log_prob: bool = False,
+    reduction: str = "mean",
+):
+    """KTO (arXiv 2402.01306) on the LM head, unpaired: ``_input`` ``(B, T, H)``, ``target`` ``(B, T)``,
+    ``preference_labels`` ``(B,)`` bool (True: desirable). Per sequence ``1 - sigmoid(beta * (r - kl))``
+    for a desirable completion and ``1 - sigmoid(beta * (kl - r))`` otherwise, ``r`` the log-ratio to
+    the reference (``ref_logps``, or ``ref_input`` / ``ref_weight``; the log-probability itself with
+    ``use_ref_model=False``) and ``kl`` TRL's KL estimate (None: 0). ``mean`` divides by B. Returns
+    ``(loss, (chosen_logps_sum, rejected_logps_sum, chosen_logits_sum, rejected_logits_sum,
+    chosen_rewards_sum, rejected_rewards_sum))``."""
+    beta, _ = _check_common(beta, 1.0, reduction)
+    if not isinstance(_input, torch.Tensor) or _input.dim() != 3 or _input.shape[0] == 0:
+        got = tuple(_input.shape) if isinstance(_input, torch.Tensor) else type(_input).__name__
+        raise ValueError(f"_input must be a (B, T, H) tensor with B >= 1, got {got}")
+    if not isinstance(target, torch.Tensor) or tuple(target.shape) != tuple(_input.shape[:2]):
+        raise ValueError(f"target must have shape {tuple(_input.shape[:2])} (_input's first two dimensions)")
+    b = _input.shape[0]
+    if not isinstance(preference_labels, torch.Tensor) or preference_labels.dtype != torch.bool or tuple(preference_labels.shape) != (b,):
+        raise ValueError(f"preference_labels must be a bool tensor of shape ({b},) (True: a desirable completion)")
+    if not is_integer(ignore_index):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    mask = target != ignore_index
+    logps = _sequence_logps(_token_logps(_input, weight, target, bias, int(ignore_index)), mask, average_log_prob)
+    ratios = logps
+    if use_ref_model:
+        if ref_logps is not None:
+            if tuple(ref_logps.shape) != (b,):
+                raise ValueError(f"ref_logps must have shape ({b},), got {tuple(ref_logps.shape)}")
+            ref = ref_logps.detach().to(logps.dtype)
+        elif ref_input is None or ref_weight is None:
+            raise ValueError("use_ref_model=True needs ref_logps, or ref_input and ref_weight; or use_ref_model=False")
+        else:
+            with torch.no_grad():
+                ref = _sequence_logps(_token_logps(ref_input, ref_weight, target, ref_bias, int(ignore_index)), mask, average_log_prob)
+        ratios = logps - ref.to(logps.dtype)
+    sign = torch.where(preference_labels, 1.0, -1.0).to(logps.dtype)
+    shifted = ratios if kl is None else ratios - kl.detach().to(logps.dtype)
+    losses = 1 - torch.sigmoid(beta * shifted * sign)
+    loss = losses if reduction == "none" else losses.sum() / (b if reduction == "mean" else 1)
+    rewards = beta * ratios
+    sums = _logit_sums(_input, weight, bias)
+    chosen, rejected = preference_labels, ~preference_labels
+    aux = [(logps * chosen).sum(), (logps * rejected).sum(), (sums * chosen).sum(), (sums * rejected).sum(),
+           (rewards * chosen).sum(), (rewards * rejected).sum()]
+    return loss, tuple(t.detach() for t in aux)
+
+
+# --------------------------------------------------------------------------- GRPO
+
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def _k3(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """The k3 estimate of KL[q, p] per token (Schulman): ``exp(log_p - log_q) - (log_p - log_q) - 1``."""
+    return torch.exp(log_p - log_q) - (log_p - log_q) - 1.0
+
+
+def _dapo_normalizer(mask: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+    """DAPO's token count: ``num_items_in_batch`` (the whole generation batch's, TRL's) or this
+    batch's completion tokens summed over the processes, divided by the process count."""
+    world = 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size()
+    if num_items_in_batch is not None:
+        total = torch.as_tensor(num_items_in_batch, device=mask.device, dtype=torch.float32)
+    else:
+        total = mask.to(torch.float32).sum()
+        if world > 1:
+            total = total.clone()
+            torch.distributed.all_reduce(total)
+    return (total / world).clamp(min=1.0)
+
+
+def fused_linear_grpo_loss(
+    _input: torch.Tensor, weight: torch.Tensor, selected_token_ids: torch.Tensor, attention_mask: torch.Tensor,
+    advantages: torch.Tensor, bias: torch.Tensor | None = None, *, ref_per_token_logps: torch.Tensor | None = None,
+    old_per_token_logps: torch.Tensor | None = None, ref_input: torch.Tensor | None = None,
+    ref_weight: torch.Tensor | None = None, ref_bias: torch.Tensor | None = None, num_items_in_batch=None,
+    beta: float = 0.04, epsilon_low: float = 0.2, epsilon_high: float = 0.2, loss_type: str = "dapo",
+    max_completion_length: int | None = None, importance_sampling_level: str = "token", temperature: float = 1.0,
+    use_ref_model: bool = True, delta: float | None = None,
+):
+    """GRPO's clipped policy loss with its KL term on the LM head, as TRL's GRPOTrainer computes it.
+
+    ``_input`` ``(B, T, H)`` (the completions' last hidden states), ``selected_token_ids`` ``(B, T)``
+    (the sampled tokens), ``attention_mask`` ``(B, T)`` (1 on completion tokens), ``advantages``
+    ``(B,)``. Per token, with ``ratio = exp(logp - old_logp)`` (``old_per_token_logps`` None: the
+    current log-probabilities, detached) taken per token or, with ``importance_sampling_level=
+    "sequence"`` (GSPO), as the exponential of the sequence's mean log-ratio:
+    ``-min(ratio * A, clip(ratio, 1 - epsilon_low, 1 + epsilon_high) * A) + beta * k3(ref, logp)``
+    (``delta``: INTELLECT-2's upper clamp of the unclipped ratio; the KL term needs the reference's
+    log-probabilities, ``ref_per_token_logps`` or ``ref_input`` / ``ref_weight``, unless ``beta`` is 0
+    or ``use_ref_model`` False). The logits are divided by ``temperature`` (the reference's too), by
+    dividing hidden and bias in their dtype: in bf16 that rounds the quotients (2**-9 relative), which
+    moved the gradients by about 1% at temperature 0.7 against dividing exact logits.
+    ``loss_type``: ``grpo`` (each sequence's token mean, averaged over B), ``bnpo`` (the batch's token
+    mean), ``dr_grpo`` (the sum over B x ``max_completion_length``), ``dapo`` (the sum over the
+    generation batch's tokens, ``num_items_in_batch``, else this batch's summed over processes).
+    Returns ``(loss, metrics)``: metrics is ``(mean KL, clipped fraction)``, the KL left out when
+    ``beta`` is 0 (liger-kernel's order)."""
+    check_choice("loss_type", loss_type, GRPO_LOSS_TYPES)
+    check_choice("importance_sampling_level", importance_sampling_level, ("token", "sequence"))
+    beta = check_real("beta", beta)
+    epsilon_low, epsilon_high = check_nonneg_number("epsilon_low", epsilon_low), check_nonneg_number("epsilon_high", epsilon_high)
+    temperature = check_real("temperature", temperature)
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature!r}")
+    if loss_type == "dr_grpo" and (not is_integer(max_completion_length) or max_completion_length < 1):
+        raise ValueError(f"loss_type='dr_grpo' needs max_completion_length (a positive int), got {max_completion_length!r}")
+    if not isinstance(_input, torch.Tensor) or _input.dim() != 3 or _input.shape[0] == 0:
+        got = tuple(_input.shape) if isinstance(_input, torch.Tensor) else type(_input).__name__
+        raise ValueError(f"_input must be a (B, T, H) tensor with B >= 1, got {got}")
+    shape = tuple(_input.shape[:2])
+    for name, t in (("selected_token_ids", selected_token_ids), ("attention_mask", attention_mask)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (_input's first two dimensions)")
+    if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) != shape[:1]:
+        raise ValueError(f"advantages must have shape {shape[:1]} (one per sequence)")
+
+    def token_logps(h, w, b):
+        if temperature != 1.0:
+            h = h / temperature
+            b = None if b is None else b / temperature
+        return _token_logps(h, w, selected_token_ids, b, -100)
+
+    logp = token_logps(_input, weight, bias)
+    mask = attention_mask.to(logp.dtype)
+    adv = advantages.to(logp.dtype).unsqueeze(1)
+    ref = None
+    if beta != 0.0 and use_ref_model:
+        if ref_per_token_logps is not None:
+            ref = ref_per_token_logps.detach().to(logp.dtype)
+        elif ref_input is not None and ref_weight is not None:
+            with torch.no_grad():
+                ref = token_logps(ref_input, ref_weight, ref_bias)
+        else:
+            raise ValueError("beta != 0 with use_ref_model=True needs ref_per_token_logps, or ref_input and "
+                             "ref_weight; or beta=0 / use_ref_model=False")
+    old = logp.detach() if old_per_token_logps is None else old_per_token_logps.detach().to(logp.dtype)
+    log_ratio = logp - old
+    if importance_sampling_level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    unclipped = ratio if delta is None else torch.clamp(ratio, max=check_real("delta", delta))
+    per_token = -torch.min(unclipped * adv, clipped * adv)
+    kl = None
+    if ref is not None:
+        kl = _k3(ref, logp)
+        per_token = per_token + beta * kl
+    masked = per_token * mask
+    if loss_type == "grpo":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / shape[0]
+    elif loss_type == "bnpo":
+        loss = masked.sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        loss = masked.sum() / (shape[0] * max_completion_length)
+    else:
+        loss = masked.sum() / _dapo_normalizer(attention_mask, num_items_in_batch)
+    count = mask.sum().clamp(min=1.0)
+    metrics = [] if beta == 0.0 else [(kl * mask).sum() / count if kl is not None else logp.new_zeros(())]
+    is_clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
+    metrics.append((is_clipped.expand_as(mask) * mask).sum() / count)
+    return loss, tuple(m.detach() for m in metrics)
+
+
 # --------------------------------------------------------------------------- modules (liger-kernel's names and arguments)
 
 
@@ -439,4 +619,62 @@ class LigerFusedLinearCPOLoss(_PreferenceLoss):
             _input, lin_weight, target, bias,
             **self._options(("ignore_index", "beta", "alpha", "label_smoothing", "compute_nll_loss",
                              "average_log_prob", "reduction")),
+        )
+
+
+class LigerFusedLinearKTOLoss(_PreferenceLoss):
+    """KTO on the LM head (see :func:`fused_linear_kto_loss`), with liger-kernel's arguments.
+
+    ``forward(_input, lin_weight, target, bias=None, preference_labels=None, ref_input=None,
+    ref_weight=None, ref_bias=None, kl=None)`` (the input first, as liger-kernel's KTO has it).
+    """
+
+    def __init__(
+        self, ignore_index: int = -100, beta: float = 0.1, compiled: bool = True, use_ref_model: bool = False,
+        average_log_prob: bool = False, chunk_size: int = 1, reduction: str = "mean",
+    ):
+        super().__init__()
+        self.ignore_index, self.beta, self.compiled, self.use_ref_model = ignore_index, beta, compiled, use_ref_model
+        self.average_log_prob, self.chunk_size, self.reduction = average_log_prob, chunk_size, reduction
+
+    def forward(self, _input, lin_weight, target, bias=None, preference_labels=None, ref_input=None, ref_weight=None,
+                ref_bias=None, kl=None):
+        return fused_linear_kto_loss(
+            _input, lin_weight, target, bias, preference_labels=preference_labels, ref_input=ref_input,
+            ref_weight=ref_weight, ref_bias=ref_bias, kl=kl,
+            **self._options(("use_ref_model", "ignore_index", "beta", "average_log_prob", "reduction")),
+        )
+
+
+class LigerFusedLinearGRPOLoss(_PreferenceLoss):
+    """GRPO on the LM head (see :func:`fused_linear_grpo_loss`), with liger-kernel's arguments for the
+    loss types ``grpo``, ``bnpo``, ``dr_grpo`` and ``dapo``.
+
+    ``forward(_input, lin_weight, selected_token_ids, attention_mask, advantages, bias=None,
+    ref_per_token_logps=None, old_per_token_logps=None, ref_input=None, ref_weight=None, ref_bias=None,
+    num_items_in_batch=None)``.
+    """
+
+    def __init__(
+        self, beta: float = 0.04, compiled: bool = True, use_ref_model: bool = True, chunk_size: int = 1,
+        epsilon_low: float = 0.2, epsilon_high: float = 0.2, loss_type: str = "dapo",
+        max_completion_length: int | None = None, importance_sampling_level: str = "token",
+        temperature: float = 1.0, delta: float | None = None,
+    ):
+        super().__init__()
+        check_choice("loss_type", loss_type, GRPO_LOSS_TYPES)
+        self.beta, self.compiled, self.use_ref_model, self.chunk_size = beta, compiled, use_ref_model, chunk_size
+        self.epsilon_low, self.epsilon_high, self.loss_type = epsilon_low, epsilon_high, loss_type
+        self.max_completion_length, self.importance_sampling_level = max_completion_length, importance_sampling_level
+        self.temperature, self.delta = temperature, delta
+
+    def forward(self, _input, lin_weight, selected_token_ids, attention_mask, advantages, bias=None,
+                ref_per_token_logps=None, old_per_token_logps=None, ref_input=None, ref_weight=None, ref_bias=None,
+                num_items_in_batch=None):
+        return fused_linear_grpo_loss(
+            _input, lin_weight, selected_token_ids, attention_mask, advantages, bias,
+            ref_per_token_logps=ref_per_token_logps, old_per_token_logps=old_per_token_logps, ref_input=ref_input,
+            ref_weight=ref_weight, ref_bias=ref_bias, num_items_in_batch=num_items_in_batch,
+            **self._options(("beta", "epsilon_low", "epsilon_high", "loss_type", "max_completion_length",
+                             "importance_sampling_level", "temperature", "use_ref_model", "delta")),
         )

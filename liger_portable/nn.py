@@ -9,6 +9,8 @@ from . import functional as F
 from .chunked_loss import (  # the fused linear preference losses, under liger-kernel's names
     LigerFusedLinearCPOLoss,
     LigerFusedLinearDPOLoss,
+    LigerFusedLinearGRPOLoss,
+    LigerFusedLinearKTOLoss,
     LigerFusedLinearORPOLoss,
     LigerFusedLinearSimPOLoss,
 )
@@ -25,6 +27,8 @@ __all__ = [
     "LigerFusedLinearORPOLoss",
     "LigerFusedLinearSimPOLoss",
     "LigerFusedLinearCPOLoss",
+    "LigerFusedLinearKTOLoss",
+    "LigerFusedLinearGRPOLoss",
 ]
 
 

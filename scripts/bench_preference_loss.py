@@ -1,4 +1,4 @@
-"""Fused linear preference losses (DPO, ORPO, SimPO, CPO) on the LM head: time and memory, side by side.
+"""Fused linear preference and RL losses (DPO, ORPO, SimPO, CPO, KTO, GRPO) on the LM head: time and memory, side by side.
 
 For each loss, forward + backward from Python at a 7B-class head (H 4096, V 128256, 2 x 4 x 2048
 tokens: 4 chosen and 4 rejected sequences, half of each a prompt), in bf16:
@@ -13,7 +13,7 @@ Median ms over repeated calls and the peak memory beyond the inputs (the weight 
 each implementation first measured for memory from no gradients. Records go to the results log
 (``fwd_bwd_eager_ms`` with ``peak_mib``): ``$OUT/preference_loss.jsonl`` if OUT is set.
 
-    python scripts/bench_preference_loss.py [--losses dpo,orpo,simpo,cpo] [--hidden 4096] [--vocab 128256]
+    python scripts/bench_preference_loss.py [--losses dpo,orpo,simpo,cpo,kto,grpo] [--hidden 4096] [--vocab 128256]
 """
 
 from __future__ import annotations
@@ -35,11 +35,22 @@ IGNORE = -100
 def _unfused(kind: str):
     """The loss from the full logits (policy in float32 log-softmax), the same formulas."""
 
-    def loss(h, w, t, ref=None):
+    def loss(h, w, t, ref=None, extra=None):
         n = h.shape[0] // 2
         logp = torch.log_softmax((h @ w.T).float(), -1)
         mask = t != IGNORE
         tok = logp.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+        if kind == "grpo":  # dapo, token level, beta 0.04 against the reference's log-probs
+            ids, adv, old, ref_tok = extra
+            tok = logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+            ratio = torch.exp(tok - old)
+            a = adv.unsqueeze(1)
+            per = -torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a) + 0.04 * (torch.exp(ref_tok - tok) - (ref_tok - tok) - 1)
+            return (per * mask).sum() / mask.sum()
+        if kind == "kto":
+            labels = extra
+            seq = tok.sum(-1)
+            return (1 - torch.sigmoid(0.1 * seq * (labels.float() * 2 - 1))).mean()
         average = kind in ("orpo", "simpo")
         seq = tok.sum(-1) / (mask.sum(-1).clamp(min=1) if average else 1)
         nll = -tok[:n].sum() / mask[:n].sum()
@@ -57,31 +68,38 @@ def _unfused(kind: str):
     return loss
 
 
-def _impls(kind: str, h, w, t, ref):
+def _impls(kind: str, h, w, t, ref, extra):
     ours = {
         "dpo": lambda: C.LigerFusedLinearDPOLoss()(w, h, t, None, *ref)[0],
         "orpo": lambda: C.LigerFusedLinearORPOLoss()(w, h, t)[0],
         "simpo": lambda: C.LigerFusedLinearSimPOLoss()(w, h, t)[0],
         "cpo": lambda: C.LigerFusedLinearCPOLoss()(w, h, t)[0],
+        "kto": lambda: C.LigerFusedLinearKTOLoss()(h, w, t, None, extra)[0],
+        "grpo": lambda: C.LigerFusedLinearGRPOLoss()(h, w, extra[0], t != IGNORE, extra[1], None, extra[3], extra[2])[0],
     }[kind]
     out = {"liger-portable": ours}
     try:
         import liger_kernel.chunked_loss as LK
 
         cls = {"dpo": LK.LigerFusedLinearDPOLoss, "orpo": LK.LigerFusedLinearORPOLoss,
-               "simpo": LK.LigerFusedLinearSimPOLoss, "cpo": LK.LigerFusedLinearCPOLoss}[kind]
+               "simpo": LK.LigerFusedLinearSimPOLoss, "cpo": LK.LigerFusedLinearCPOLoss,
+               "kto": LK.LigerFusedLinearKTOLoss, "grpo": LK.LigerFusedLinearGRPOLoss}[kind]
         module = cls()
-        out["liger-kernel"] = (lambda: module(w, h, t, None, *ref)[0]) if kind == "dpo" else (lambda: module(w, h, t)[0])
+        out["liger-kernel"] = {
+            "dpo": lambda: module(w, h, t, None, *ref)[0],
+            "kto": lambda: module(h, w, t, None, extra)[0],
+            "grpo": lambda: module(h, w, extra[0], t != IGNORE, extra[1], None, extra[3], extra[2])[0],
+        }.get(kind, lambda: module(w, h, t)[0])
     except Exception as e:  # noqa: BLE001 - the peer is optional
         print(f"  liger-kernel unavailable: {type(e).__name__}: {e}")
     unfused = _unfused(kind)
-    out["torch"] = lambda: unfused(h, w, t, ref)
+    out["torch"] = lambda: unfused(h, w, t, ref, extra)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--losses", default="dpo,orpo,simpo,cpo")
+    ap.add_argument("--losses", default="dpo,orpo,simpo,cpo,kto,grpo")
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--pairs", type=int, default=4)
@@ -104,9 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     shape = f"{args.pairs}+{args.pairs} x {T} x {H} x {V}"
     logits_gib = n2 * T * V * 4 / 2**30
     records = []
+    ids = torch.where(t == IGNORE, 0, t)
+    extras = {
+        "kto": torch.arange(n2, device=dev) % 2 == 0,
+        # GRPO: sampled ids, advantages, the old policy's and the reference's per-token log-probs
+        "grpo": (ids, torch.randn(n2, device=dev), -torch.rand(n2, T, device=dev) * 8, -torch.rand(n2, T, device=dev) * 8),
+    }
     for kind in args.losses.split(","):
         print(f"{kind}, {shape} (bf16):")
-        for name, fn in _impls(kind, h, w, t, ref).items():
+        for name, fn in _impls(kind, h, w, t, ref, extras.get(kind)).items():
             if name == "torch" and logits_gib > args.skip_unfused_over_gib:
                 print(f"  {name}: skipped ({logits_gib:.0f} GiB of float32 logits)")
                 continue

@@ -318,3 +318,138 @@ def test_gpu(kind, dtype):
     dev = torch.device(liger_portable.platform().torch_device_type, 0)
     h, w, b, t, rh, rw = _inputs(B=4, T=301, H=96, V=70001, dtype=dtype, seed=17, device=dev, empty=kind != "orpo")
     _compare(kind, h, w, b, t, {}, dtype, ref=(rh, rw) if kind == "dpo" else None)
+
+
+# --------------------------------------------------------------------------- KTO and GRPO
+
+
+def _leaves(h, w, b):
+    return (h.detach().double().requires_grad_(), w.detach().double().requires_grad_(),
+            None if b is None else b.detach().double().requires_grad_())
+
+
+def _check(loss, aux, leaves, want_loss, want_aux, want_leaves, dtype):
+    tol = TOL[dtype]
+    assert rel_err(loss, want_loss) <= tol, (loss, want_loss)
+    assert len(aux) == len(want_aux)
+    for i, (a, e) in enumerate(zip(aux, want_aux)):
+        assert rel_err(a, e) <= tol or (e.abs() < 1e-12 and a.abs() < 1e-6), (i, a, e)
+    for name, g, e in zip("hwb", [x.grad for x in leaves if x is not None], [x.grad for x in want_leaves if x is not None]):
+        assert g.dtype == dtype and rel_err(g, e) <= tol, (name, rel_err(g, e))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
+@pytest.mark.parametrize("use_ref", [False, True], ids=["noref", "ref"])
+@pytest.mark.parametrize("average", [False, True], ids=["sum", "mean"])
+def test_kto_matches_reference(use_ref, average, dtype):
+    h, w, b, t, rh, rw = _inputs(dtype=dtype, seed=21)
+    n = h.shape[0]
+    labels = torch.tensor([True, False, True, True, False, False])
+    kl = torch.tensor(0.2)
+    hd, wd, bd = _leaves(h, w, b)
+    seq, tok, mask, logits = _logps(hd, wd, bd, t, average)
+    ratio = seq - (_logps(rh.double(), rw.double(), None, t, average)[0] if use_ref else 0)
+    sign = labels.double() * 2 - 1
+    want = (1 - torch.sigmoid(0.1 * (ratio - kl) * sign)).sum() / n
+    want.backward()
+    per_seq_logits = logits.sum((-1, -2))
+    want_aux = [(seq * labels).sum(), (seq * ~labels).sum(), (per_seq_logits * labels).sum(),
+                (per_seq_logits * ~labels).sum(), (0.1 * ratio * labels).sum(), (0.1 * ratio * ~labels).sum()]
+    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    loss, aux = lnn.LigerFusedLinearKTOLoss(beta=0.1, use_ref_model=use_ref, average_log_prob=average)(
+        hl, wl, t, bl, labels, rh, rw, None, kl)
+    loss.backward()
+    _check(loss, aux, (hl, wl, bl), want.detach(), [a.detach() for a in want_aux], (hd, wd, bd), dtype)
+
+
+def _grpo_inputs(dtype, B=5, T=11, H=16, V=53, seed=31):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, T, H, generator=g).to(dtype)
+    # Logits of standard deviation about 0.7 after the temperature. A bf16 head's logits are off by
+    # about 2**-9 of their size, and GRPO's ratio exponentiates each token's log-probability error
+    # into its gradient: with logits of deviation 2.9 (weights 2 / sqrt(H)) a token's log-probability
+    # was 0.013 off and the gradient of hidden 1.2% off the float64 one (the fused cross-entropy's own
+    # gradient of hidden: 0.3%), in any bf16 implementation.
+    w = (torch.randn(V, H, generator=g) * 0.5 / H**0.5).to(dtype)
+    b = (torch.randn(V, generator=g) * 0.3).to(dtype)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    mask = torch.ones(B, T)
+    for row in range(B):
+        mask[row, int(torch.randint(2, T + 1, (1,), generator=g)):] = 0
+    adv = torch.randn(B, generator=g)
+    old = -torch.rand(B, T, generator=g) * 6  # far enough from the policy for some clipping
+    ref = -torch.rand(B, T, generator=g) * 5
+    return h, w, b, ids, mask, adv, old, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", C.GRPO_LOSS_TYPES)
+def test_grpo_matches_reference(loss_type, level, dtype):
+    """TRL's GRPO loss written out again from float64 logits divided by the temperature. The
+    temperature divides hidden and bias in their dtype (documented): the reference starts from
+    those rounded quotients, and chains their gradients back to hidden and bias."""
+    h, w, b, ids, mask, adv, old, ref = _grpo_inputs(dtype)
+    B, T = ids.shape
+    tau, beta, lo, hi = 0.7, 0.1, 0.2, 0.28
+    hd, wd, bd = _leaves(h / tau, w, b / tau)
+    logp = torch.log_softmax(hd @ wd.T + bd, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    # The old policy's log-probabilities put each sequence's ratio at e**offset, away from the clip
+    # bounds 0.8 and 1.28 (a token at a bound switches branch with a rounding: its gradient jumps),
+    # clipped below, inside, and above; the advantages' signs make two of them count as clipped.
+    offsets = torch.tensor([-0.5, -0.5, -0.05, 0.12, 0.5], dtype=torch.float64)[:, None]
+    adv = torch.tensor([1.0, -0.7, 0.4, -1.2, 0.8])
+    old = (logp.detach() - offsets).float()
+    lr = logp - old.double()
+    m = mask.double()
+    if level == "sequence":
+        lr = ((lr * m).sum(-1) / m.sum(-1)).unsqueeze(-1)
+    ratio = torch.exp(lr)
+    a = adv.double().unsqueeze(1)
+    kl = torch.exp(ref.double() - logp) - (ref.double() - logp) - 1
+    per = -torch.min(ratio * a, ratio.clamp(1 - lo, 1 + hi) * a) + beta * kl
+    want = {
+        "grpo": lambda: ((per * m).sum(-1) / m.sum(-1)).mean(),
+        "bnpo": lambda: (per * m).sum() / m.sum(),
+        "dr_grpo": lambda: (per * m).sum() / (B * T),
+        "dapo": lambda: (per * m).sum() / m.sum(),
+    }[loss_type]()
+    want.backward()
+    clipped = (((ratio < 1 - lo) & (a < 0)) | ((ratio > 1 + hi) & (a > 0))).expand_as(m)
+    want_aux = [(kl * m).sum() / m.sum(), (clipped * m).sum() / m.sum()]
+    assert 0 < want_aux[1] < 1  # the inputs exercise the clipping
+    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    module = lnn.LigerFusedLinearGRPOLoss(beta=beta, epsilon_low=lo, epsilon_high=hi, loss_type=loss_type,
+                                          max_completion_length=T, importance_sampling_level=level, temperature=tau)
+    loss, aux = module(hl, wl, ids, mask, adv, bl, ref, old)
+    loss.backward()
+    hd.grad, bd.grad = hd.grad / tau, bd.grad / tau  # d/dh = d/d(h / tau) / tau
+    _check(loss, aux, (hl, wl, bl), want.detach(), [x.detach() for x in want_aux], (hd, wd, bd), dtype)
+
+
+def test_grpo_reference_model_and_no_kl():
+    """The reference's per-token log-probabilities from its head equal passing them; beta=0 drops
+    the KL metric; delta clamps the unclipped ratio."""
+    h, w, b, ids, mask, adv, old, _ = _grpo_inputs(torch.float32)
+    rh, rw = h + 0.3, w * 1.1
+    ref = -TF.cross_entropy((rh @ rw.T).transpose(1, 2), ids, reduction="none")
+    by_model = C.fused_linear_grpo_loss(h, w, ids, mask, adv, ref_input=rh, ref_weight=rw, old_per_token_logps=old)
+    by_logps = C.fused_linear_grpo_loss(h, w, ids, mask, adv, ref_per_token_logps=ref, old_per_token_logps=old)
+    assert rel_err(by_model[0], by_logps[0]) <= 1e-6 and rel_err(by_model[1][0], by_logps[1][0]) <= 1e-6
+    no_kl = C.fused_linear_grpo_loss(h, w, ids, mask, adv, beta=0.0, old_per_token_logps=old, delta=1.05)
+    assert len(no_kl[1]) == 1
+    with pytest.raises(ValueError, match="ref_per_token_logps"):
+        C.fused_linear_grpo_loss(h, w, ids, mask, adv)
+    with pytest.raises(ValueError, match="max_completion_length"):
+        C.fused_linear_grpo_loss(h, w, ids, mask, adv, beta=0.0, loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="loss_type"):
+        C.fused_linear_grpo_loss(h, w, ids, mask, adv, beta=0.0, loss_type="cispo")
+    with pytest.raises(ValueError, match="advantages"):
+        C.fused_linear_grpo_loss(h, w, ids, mask, adv[:2], beta=0.0)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90", "rocm-gfx942", "xpu-xe-hpc"], indirect=True)
+def test_grpo_kernel_interpreter(simulated_device):
+    test_grpo_matches_reference("dapo", "token", torch.float32)
+
