@@ -1,5 +1,5 @@
-"""Fused linear preference and RL losses on the language-model head: DPO, ORPO, SimPO, CPO, KTO and
-GRPO, without ever holding the (tokens x vocabulary) logits.
+"""Fused linear preference, RL and distillation losses on the language-model head: DPO, ORPO, SimPO,
+CPO, KTO, GRPO and the JSD / KL distillation, without ever holding the (tokens x vocabulary) logits.
 
 Each loss is a function of its tokens' log-probabilities: of every sequence's log-probability of its
 completion (the sum, or the mean, of its tokens'), of the chosen sequences' NLL where asked, and for
@@ -22,9 +22,15 @@ rejected_logps, chosen_logits_mean, rejected_logits_mean, nll_loss, *aux))``. ``
 cross-entropy's, by tokens). The functions :func:`fused_linear_dpo_loss` and the rest take keyword
 options and add ``reduction`` (``"mean"``, liger-kernel's; ``"sum"``; ``"none"``: one loss per pair,
 whose sum is the ``"sum"`` loss).
+
+The distillation loss needs the student's and teacher's whole distributions, not one token's
+log-probability: it runs chunks of tokens through the two heads in PyTorch and computes the
+student's gradients in the forward (:class:`_FusedLinearDistillation`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as TF
@@ -41,10 +47,12 @@ __all__ = [
     "LigerFusedLinearCPOLoss",
     "LigerFusedLinearDPOLoss",
     "LigerFusedLinearGRPOLoss",
+    "LigerFusedLinearJSDLoss",
     "LigerFusedLinearKTOLoss",
     "LigerFusedLinearORPOLoss",
     "LigerFusedLinearSimPOLoss",
     "fused_linear_cpo_loss",
+    "fused_linear_distillation_loss",
     "fused_linear_dpo_loss",
     "fused_linear_grpo_loss",
     "fused_linear_kto_loss",
@@ -519,6 +527,148 @@ def fused_linear_grpo_loss(
     return loss, tuple(m.detach() for m in metrics)
 
 
+# --------------------------------------------------------------------------- distillation (JSD, forward and reverse KL)
+
+
+def _soft_losses(student: torch.Tensor, teacher: torch.Tensor, beta: float) -> torch.Tensor:
+    """Per row, the generalised Jensen-Shannon divergence of the student's and teacher's softmax
+    (float32 logits): ``beta * KL(T || M) + (1 - beta) * KL(S || M)`` with ``M = (1 - beta) S + beta T``;
+    ``beta = 0`` is the forward KL(T || S), ``beta = 1`` the reverse KL(S || T)."""
+    log_s, log_t = torch.log_softmax(student, -1), torch.log_softmax(teacher, -1)
+    if beta == 0.0:
+        return (log_t.exp() * (log_t - log_s)).sum(-1)
+    if beta == 1.0:
+        return (log_s.exp() * (log_s - log_t)).sum(-1)
+    log_m = torch.logsumexp(torch.stack([log_s + math.log(1 - beta), log_t + math.log(beta)]), 0)
+    return beta * (log_t.exp() * (log_t - log_m)).sum(-1) + (1 - beta) * (log_s.exp() * (log_s - log_m)).sum(-1)
+
+
+class _FusedLinearDistillation(torch.autograd.Function):
+    """Chunks of ``chunk_size`` tokens: the student's and teacher's logits of a chunk, its loss and the
+    gradient of its student logits (autograd on the chunk's float32 logits alone), then the gradients
+    of the student's hidden states, weight and bias by matrix products, in the forward (as the fused
+    linear cross-entropy does); the backward scales them by the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, h, w, b, labels, teacher, beta, w_hard, w_soft, ignore_index, temperature, chunk_size):
+        n = h.shape[0]
+        acc = torch.promote_types(h.dtype, torch.float32)  # the loss's dtype, and the gradients' sums
+        valid = (labels != ignore_index).sum().clamp(min=1).to(acc)
+        need = ctx.needs_input_grad
+        gh = torch.empty_like(h) if need[0] else None
+        gw = torch.zeros(w.shape, dtype=acc, device=w.device) if need[1] else None
+        gb = torch.zeros(b.shape, dtype=acc, device=b.device) if b is not None and need[2] else None
+        soft_total = h.new_zeros((), dtype=acc)
+        hard_total = h.new_zeros((), dtype=acc)
+        for start in range(0, n, chunk_size):
+            rows = slice(start, min(start + chunk_size, n))
+            hc, yc = h[rows], labels[rows]
+            logits = hc @ w.T
+            if b is not None:
+                logits = logits + b
+            with torch.enable_grad():
+                s32 = logits.to(acc).requires_grad_()
+                keep = (yc != ignore_index).to(acc)
+                hard = (torch.logsumexp(s32, -1) - s32.gather(-1, yc.clamp(min=0).unsqueeze(-1)).squeeze(-1)) * keep
+                soft = _soft_losses(s32 / temperature, teacher(rows).to(acc) / temperature, beta) * keep
+                hard_sum, soft_sum = hard.sum(), soft.sum()
+                loss = (w_hard * hard_sum + w_soft * soft_sum) / valid
+                (dlogits,) = torch.autograd.grad(loss, s32) if any(need[:3]) else (None,)
+            hard_total += hard_sum.detach()
+            soft_total += soft_sum.detach()
+            if dlogits is None:
+                continue
+            d = dlogits.to(h.dtype)
+            if gh is not None:
+                gh[rows] = d @ w
+            if gw is not None:
+                gw += (d.T @ hc).to(acc)  # each chunk's product rounded once, summed in float32
+            if gb is not None:
+                gb += dlogits.sum(0)
+        soft, hard = soft_total / valid, hard_total / valid
+        ctx.save_for_backward(gh, gw, gb)
+        ctx.dtypes = (w.dtype, None if b is None else b.dtype)
+        ctx.mark_non_differentiable(soft, hard)
+        return w_hard * hard + w_soft * soft, soft, hard
+
+    @staticmethod
+    def backward(ctx, grad, _soft, _hard):
+        gh, gw, gb = ctx.saved_tensors
+        w_dtype, b_dtype = ctx.dtypes
+        gh = None if gh is None else gh * grad.to(gh.dtype)
+        gw = None if gw is None else (gw * grad).to(w_dtype)
+        gb = None if gb is None else (gb * grad).to(b_dtype)
+        return gh, gw, gb, None, None, None, None, None, None, None, None
+
+
+def fused_linear_distillation_loss(
+    student_input: torch.Tensor, student_weight: torch.Tensor, true_labels: torch.Tensor,
+    student_bias: torch.Tensor | None = None, *, teacher_input: torch.Tensor | None = None,
+    teacher_weight: torch.Tensor | None = None, teacher_bias: torch.Tensor | None = None,
+    teacher_logits: torch.Tensor | None = None, beta: float = 0.5, weight_hard_loss: float = 0.5,
+    weight_soft_loss: float = 0.5, ignore_index: int = -100, temperature: float = 1.0, chunk_size: int = 1024,
+    return_soft_hard_loss: bool = False,
+):
+    """Distillation on the student's LM head: ``weight_hard_loss * CE(student, true_labels) +
+    weight_soft_loss * JSD_beta(student / temperature, teacher / temperature)``, both summed over the
+    tokens that are not ``ignore_index`` and divided by their count (liger-kernel's definition).
+
+    ``beta`` 0 gives the forward KL(teacher || student), 1 the reverse KL(student || teacher), between
+    them the generalised JSD. The teacher is a head (``teacher_input`` ``(N, H_t)``, ``teacher_weight``
+    ``(V, H_t)``, ``teacher_bias``) or its logits (``teacher_logits`` ``(N, V)``); it gets no gradient.
+    The student's and teacher's logits exist ``chunk_size`` tokens at a time (float32 inside the
+    loss). Returns the loss, or ``(loss, soft_loss, hard_loss)``."""
+    beta = check_real("beta", beta)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1] (0: forward KL, 1: reverse KL), got {beta!r}")
+    w_hard, w_soft = check_real("weight_hard_loss", weight_hard_loss), check_real("weight_soft_loss", weight_soft_loss)
+    temperature = check_real("temperature", temperature)
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature!r}")
+    if not is_integer(chunk_size) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
+    if not is_integer(ignore_index):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    for name, t in (("student_input", student_input), ("student_weight", student_weight)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_floating_point():
+            raise ValueError(f"{name} must be a 2-D floating-point tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    n, hidden = student_input.shape
+    vocab = student_weight.shape[0]
+    if student_weight.shape[1] != hidden:
+        raise ValueError(f"student_weight must have shape (V, {hidden}) (its second dimension is student_input's last), got {tuple(student_weight.shape)}")
+    if student_weight.dtype != student_input.dtype or (student_bias is not None and student_bias.dtype != student_input.dtype):
+        raise TypeError("student_weight (and student_bias) must have student_input's dtype "
+                        f"{student_input.dtype}; cast them, e.g. student_weight.to(student_input.dtype)")
+    if student_bias is not None and tuple(student_bias.shape) != (vocab,):
+        raise ValueError(f"student_bias must have shape ({vocab},), got {tuple(student_bias.shape)}")
+    if not isinstance(true_labels, torch.Tensor) or tuple(true_labels.shape) != (n,):
+        raise ValueError(f"true_labels must have shape ({n},) (one per row of student_input)")
+    if teacher_logits is not None:
+        if tuple(teacher_logits.shape) != (n, vocab):
+            raise ValueError(f"teacher_logits must have shape ({n}, {vocab}) (tokens x the student's vocabulary), got {tuple(teacher_logits.shape)}")
+
+        def teacher(rows):
+            return teacher_logits[rows].detach().float()
+    elif teacher_input is None or teacher_weight is None:
+        raise ValueError("pass the teacher's head (teacher_input and teacher_weight) or its logits (teacher_logits)")
+    else:
+        if tuple(teacher_weight.shape[:1]) != (vocab,):
+            raise ValueError(f"teacher_weight must have the student's vocabulary ({vocab} rows), got {tuple(teacher_weight.shape)}")
+        if teacher_input.dim() != 2 or teacher_input.shape[0] != n or teacher_input.shape[1] != teacher_weight.shape[1]:
+            raise ValueError(f"teacher_input must have shape ({n}, {teacher_weight.shape[1]}), got {tuple(teacher_input.shape)}")
+
+        def teacher(rows):
+            with torch.no_grad():
+                logits = teacher_input[rows] @ teacher_weight.T
+                return (logits if teacher_bias is None else logits + teacher_bias).float()
+    loss, soft, hard = _FusedLinearDistillation.apply(
+        student_input, student_weight, student_bias, true_labels, teacher, beta, w_hard, w_soft, int(ignore_index),
+        temperature, int(chunk_size),
+    )
+    return (loss, soft, hard) if return_soft_hard_loss else loss
+
+
 # --------------------------------------------------------------------------- modules (liger-kernel's names and arguments)
 
 
@@ -677,4 +827,32 @@ class LigerFusedLinearGRPOLoss(_PreferenceLoss):
             ref_weight=ref_weight, ref_bias=ref_bias, num_items_in_batch=num_items_in_batch,
             **self._options(("beta", "epsilon_low", "epsilon_high", "loss_type", "max_completion_length",
                              "importance_sampling_level", "temperature", "use_ref_model", "delta")),
+        )
+
+
+class LigerFusedLinearJSDLoss(_PreferenceLoss):
+    """Distillation with the generalised JSD on the student's LM head (see
+    :func:`fused_linear_distillation_loss`), with liger-kernel's arguments (``chunk_size`` is used).
+
+    ``forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
+    student_bias=None, teacher_bias=None)``.
+    """
+
+    def __init__(
+        self, weight_hard_loss: float = 0.5, weight_soft_loss: float = 0.5, beta: float = 0.5,
+        ignore_index: int = -100, temperature: float = 1.0, compiled: bool = True, chunk_size: int = 1024,
+        return_soft_hard_loss: bool = False,
+    ):
+        super().__init__()
+        self.weight_hard_loss, self.weight_soft_loss, self.beta = weight_hard_loss, weight_soft_loss, beta
+        self.ignore_index, self.temperature, self.compiled = ignore_index, temperature, compiled
+        self.chunk_size, self.return_soft_hard_loss = chunk_size, return_soft_hard_loss
+
+    def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
+                teacher_bias=None):
+        return fused_linear_distillation_loss(
+            student_input, student_weight, true_labels, student_bias, teacher_input=teacher_input,
+            teacher_weight=teacher_weight, teacher_bias=teacher_bias,
+            **self._options(("beta", "weight_hard_loss", "weight_soft_loss", "ignore_index", "temperature",
+                             "chunk_size", "return_soft_hard_loss")),
         )

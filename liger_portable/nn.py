@@ -10,6 +10,7 @@ from .chunked_loss import (  # the fused linear preference losses, under liger-k
     LigerFusedLinearCPOLoss,
     LigerFusedLinearDPOLoss,
     LigerFusedLinearGRPOLoss,
+    LigerFusedLinearJSDLoss,
     LigerFusedLinearKTOLoss,
     LigerFusedLinearORPOLoss,
     LigerFusedLinearSimPOLoss,
@@ -29,6 +30,7 @@ __all__ = [
     "LigerFusedLinearCPOLoss",
     "LigerFusedLinearKTOLoss",
     "LigerFusedLinearGRPOLoss",
+    "LigerFusedLinearJSDLoss",
 ]
 
 

@@ -1,4 +1,4 @@
-"""Fused linear preference and RL losses (DPO, ORPO, SimPO, CPO, KTO, GRPO) on the LM head: time and memory, side by side.
+"""Fused linear preference, RL and distillation losses (DPO, ORPO, SimPO, CPO, KTO, GRPO, JSD) on the LM head: time and memory, side by side.
 
 For each loss, forward + backward from Python at a 7B-class head (H 4096, V 128256, 2 x 4 x 2048
 tokens: 4 chosen and 4 rejected sequences, half of each a prompt), in bf16:
@@ -13,12 +13,13 @@ Median ms over repeated calls and the peak memory beyond the inputs (the weight 
 each implementation first measured for memory from no gradients. Records go to the results log
 (``fwd_bwd_eager_ms`` with ``peak_mib``): ``$OUT/preference_loss.jsonl`` if OUT is set.
 
-    python scripts/bench_preference_loss.py [--losses dpo,orpo,simpo,cpo,kto,grpo] [--hidden 4096] [--vocab 128256]
+    python scripts/bench_preference_loss.py [--losses dpo,orpo,simpo,cpo,kto,grpo,jsd] [--hidden 4096] [--vocab 128256]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
@@ -47,6 +48,17 @@ def _unfused(kind: str):
             a = adv.unsqueeze(1)
             per = -torch.min(ratio * a, ratio.clamp(0.8, 1.2) * a) + 0.04 * (torch.exp(ref_tok - tok) - (ref_tok - tok) - 1)
             return (per * mask).sum() / mask.sum()
+        if kind == "jsd":  # beta 0.5, hard and soft weights 0.5, the teacher a second head
+            th, tw = extra
+            hh, tt = h.reshape(-1, h.shape[-1]), t.reshape(-1)
+            s_log = torch.log_softmax((hh @ w.T).float(), -1)
+            with torch.no_grad():
+                t_log = torch.log_softmax((th.reshape(-1, th.shape[-1]) @ tw.T).float(), -1)
+            keep = (tt != IGNORE).float()
+            hard = -(s_log.gather(-1, tt.clamp(min=0).unsqueeze(-1)).squeeze(-1) * keep).sum()
+            log_m = torch.logsumexp(torch.stack([s_log, t_log]), 0) - math.log(2)
+            soft = 0.5 * (t_log.exp() * (t_log - log_m)).sum(-1) + 0.5 * (s_log.exp() * (s_log - log_m)).sum(-1)
+            return 0.5 * (hard + (soft * keep).sum()) / keep.sum()
         if kind == "kto":
             labels = extra
             seq = tok.sum(-1)
@@ -75,6 +87,7 @@ def _impls(kind: str, h, w, t, ref, extra):
         "simpo": lambda: C.LigerFusedLinearSimPOLoss()(w, h, t)[0],
         "cpo": lambda: C.LigerFusedLinearCPOLoss()(w, h, t)[0],
         "kto": lambda: C.LigerFusedLinearKTOLoss()(h, w, t, None, extra)[0],
+        "jsd": lambda: C.LigerFusedLinearJSDLoss()(h.view(-1, h.shape[-1]), w, extra[0].view(-1, h.shape[-1]), extra[1], t.view(-1)),
         "grpo": lambda: C.LigerFusedLinearGRPOLoss()(h, w, extra[0], t != IGNORE, extra[1], None, extra[3], extra[2])[0],
     }[kind]
     out = {"liger-portable": ours}
@@ -83,11 +96,13 @@ def _impls(kind: str, h, w, t, ref, extra):
 
         cls = {"dpo": LK.LigerFusedLinearDPOLoss, "orpo": LK.LigerFusedLinearORPOLoss,
                "simpo": LK.LigerFusedLinearSimPOLoss, "cpo": LK.LigerFusedLinearCPOLoss,
-               "kto": LK.LigerFusedLinearKTOLoss, "grpo": LK.LigerFusedLinearGRPOLoss}[kind]
+               "kto": LK.LigerFusedLinearKTOLoss, "grpo": LK.LigerFusedLinearGRPOLoss,
+               "jsd": LK.LigerFusedLinearJSDLoss}[kind]
         module = cls()
         out["liger-kernel"] = {
             "dpo": lambda: module(w, h, t, None, *ref)[0],
             "kto": lambda: module(h, w, t, None, extra)[0],
+            "jsd": lambda: module(h.view(-1, h.shape[-1]), w, extra[0].view(-1, h.shape[-1]), extra[1], t.view(-1)),
             "grpo": lambda: module(h, w, extra[0], t != IGNORE, extra[1], None, extra[3], extra[2])[0],
         }.get(kind, lambda: module(w, h, t)[0])
     except Exception as e:  # noqa: BLE001 - the peer is optional
@@ -99,7 +114,7 @@ def _impls(kind: str, h, w, t, ref, extra):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--losses", default="dpo,orpo,simpo,cpo,kto,grpo")
+    ap.add_argument("--losses", default="dpo,orpo,simpo,cpo,kto,grpo,jsd")
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--pairs", type=int, default=4)
@@ -127,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "kto": torch.arange(n2, device=dev) % 2 == 0,
         # GRPO: sampled ids, advantages, the old policy's and the reference's per-token log-probs
         "grpo": (ids, torch.randn(n2, device=dev), -torch.rand(n2, T, device=dev) * 8, -torch.rand(n2, T, device=dev) * 8),
+        "jsd": ref,  # the teacher: a second head of the same size
     }
     for kind in args.losses.split(","):
         print(f"{kind}, {shape} (bf16):")

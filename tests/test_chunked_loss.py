@@ -453,3 +453,98 @@ def test_grpo_reference_model_and_no_kl():
 def test_grpo_kernel_interpreter(simulated_device):
     test_grpo_matches_reference("dapo", "token", torch.float32)
 
+
+
+# --------------------------------------------------------------------------- distillation
+
+
+def _distill_inputs(dtype, N=45, H=16, Ht=24, V=53, seed=41):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(N, H, generator=g).to(dtype)
+    w = (torch.randn(V, H, generator=g) / H**0.5 * 1.5).to(dtype)
+    b = (torch.randn(V, generator=g) * 0.3).to(dtype)
+    th = torch.randn(N, Ht, generator=g).to(dtype)
+    tw = (torch.randn(V, Ht, generator=g) / Ht**0.5 * 1.5).to(dtype)
+    tb = (torch.randn(V, generator=g) * 0.3).to(dtype)
+    y = torch.randint(0, V, (N,), generator=g)
+    y[torch.rand(N, generator=g) < 0.3] = IGNORE
+    return h, w, b, th, tw, tb, y
+
+
+def _distill_reference(h, w, b, th, tw, tb, y, beta, tau, w_hard, w_soft):
+    """The losses written out from float64 logits: KL(P || Q) = sum P (log P - log Q); beta 0 is the
+    forward KL(teacher || student), 1 the reverse."""
+    hd, wd, bd = _leaves(h, w, b)
+    s = hd @ wd.T + bd
+    t = (th.double() @ tw.double().T + tb.double())
+    keep = (y != IGNORE).double()
+    count = keep.sum()
+    hard = ((torch.logsumexp(s, -1) - s.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)) * keep).sum() / count
+    ps, pt = torch.softmax(s / tau, -1), torch.softmax(t / tau, -1)
+    kl = lambda p, q: (p * (p.log() - q.log())).sum(-1)  # noqa: E731
+    m = (1 - beta) * ps + beta * pt
+    # TRL's generalised JSD, whose end points are the KLs (the mixture formula would give 0 there)
+    soft = {0.0: lambda: kl(pt, ps), 1.0: lambda: kl(ps, pt)}.get(beta, lambda: beta * kl(pt, m) + (1 - beta) * kl(ps, m))() * keep
+    soft = soft.sum() / count
+    loss = w_hard * hard + w_soft * soft
+    loss.backward()
+    return loss.detach(), soft.detach(), hard.detach(), (hd, wd, bd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
+@pytest.mark.parametrize("beta,tau", [(0.0, 1.0), (1.0, 2.0), (0.5, 1.0), (0.3, 0.7)],
+                         ids=["forward-kl", "reverse-kl-t2", "jsd", "jsd0.3-t0.7"])
+def test_distillation_matches_reference(beta, tau, dtype):
+    h, w, b, th, tw, tb, y = _distill_inputs(dtype)
+    want_loss, want_soft, want_hard, want_leaves = _distill_reference(h, w, b, th, tw, tb, y, beta, tau, 0.3, 0.7)
+    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    module = lnn.LigerFusedLinearJSDLoss(weight_hard_loss=0.3, weight_soft_loss=0.7, beta=beta, temperature=tau,
+                                         chunk_size=8, return_soft_hard_loss=True)  # 45 rows: a partial chunk
+    loss, soft, hard = module(hl, wl, th, tw, y, bl, tb)
+    loss.backward()
+    _check(loss, [soft, hard], (hl, wl, bl), want_loss, [want_soft, want_hard], want_leaves, dtype)
+
+
+def test_distillation_teacher_logits_and_scaling():
+    """Teacher logits passed in give what the teacher head gives; the gradients scale with the
+    incoming gradient; without gradients nothing is computed for them; errors name the argument."""
+    h, w, b, th, tw, tb, y = _distill_inputs(torch.float32)
+    hl = h.clone().requires_grad_()
+    by_head = C.fused_linear_distillation_loss(hl, w, y, b, teacher_input=th, teacher_weight=tw, teacher_bias=tb)
+    (3.0 * by_head).backward()
+    g3 = hl.grad.clone()
+    hl.grad = None
+    by_logits = C.fused_linear_distillation_loss(hl, w, y, b, teacher_logits=th @ tw.T + tb, chunk_size=7)
+    by_logits.backward()
+    assert rel_err(by_logits, by_head) <= 1e-6 and rel_err(g3, 3.0 * hl.grad) <= 1e-6
+    with torch.no_grad():
+        assert rel_err(C.fused_linear_distillation_loss(h, w, y, b, teacher_logits=th @ tw.T + tb), by_head) <= 1e-6
+    for kwargs, match in [
+        ({}, "teacher"), ({"teacher_logits": th @ tw.T, "beta": 1.5}, "beta"),
+        ({"teacher_logits": (th @ tw.T)[:, :10]}, "teacher_logits"),
+        ({"teacher_logits": th @ tw.T, "chunk_size": 0}, "chunk_size"),
+        ({"teacher_input": th, "teacher_weight": tw[:10]}, "vocabulary"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            C.fused_linear_distillation_loss(h, w, y, b, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
+def test_distillation_gpu(dtype):
+    """The distillation loss with GPU tensors at a vocabulary above 65536, against the CPU float64
+    reference above."""
+    dev = torch.device(liger_portable.platform().torch_device_type, 0)
+    h, w, b, th, tw, tb, y = _distill_inputs(dtype, N=300, V=70001)
+    want = _distill_reference(h, w, b, th, tw, tb, y, 0.5, 1.0, 0.5, 0.5)
+    on = [x.to(dev) for x in (h, w, b, th, tw, tb, y)]
+    hl, wl, bl = (x.clone().requires_grad_() for x in on[:3])
+    loss, soft, hard = C.fused_linear_distillation_loss(
+        hl, wl, on[6], bl, teacher_input=on[3], teacher_weight=on[4], teacher_bias=on[5], chunk_size=128,
+        return_soft_hard_loss=True)
+    loss.backward()
+    tol = TOL[dtype]
+    for got, exp in zip((loss, soft, hard), want[:3]):
+        assert rel_err(got, exp) <= tol, (got, exp)
+    for got, exp in zip((hl, wl, bl), want[3]):
+        assert got.grad.dtype == dtype and rel_err(got.grad, exp.grad) <= tol
