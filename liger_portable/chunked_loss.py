@@ -80,6 +80,17 @@ def _check_pairs(name: str, hidden: torch.Tensor, target: torch.Tensor) -> None:
         raise ValueError(f"target must have shape {tuple(hidden.shape[:2])} ({name}'s first two dimensions), got {got}")
 
 
+def _check_sequences(hidden: torch.Tensor, **per_token: torch.Tensor) -> None:
+    """``_input`` is ``(B, T, H)`` with B >= 1, and each named tensor ``(B, T)`` (unpaired losses)."""
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or hidden.shape[0] == 0:
+        got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+        raise ValueError(f"_input must be a (B, T, H) tensor with B >= 1, got {got}")
+    shape = tuple(hidden.shape[:2])
+    for name, t in per_token.items():
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (_input's first two dimensions)")
+
+
 def _token_logps(hidden, weight, target, bias, ignore_index: int) -> torch.Tensor:
     """``(2B, T)`` log-probability of each target token (0 where ignored), in float32 (float64 for
     float64 inputs), differentiable in hidden, weight and bias."""
@@ -372,11 +383,7 @@ def fused_linear_kto_loss(
     ``(loss, (chosen_logps_sum, rejected_logps_sum, chosen_logits_sum, rejected_logits_sum,
     chosen_rewards_sum, rejected_rewards_sum))``."""
     beta, _ = _check_common(beta, 1.0, reduction)
-    if not isinstance(_input, torch.Tensor) or _input.dim() != 3 or _input.shape[0] == 0:
-        got = tuple(_input.shape) if isinstance(_input, torch.Tensor) else type(_input).__name__
-        raise ValueError(f"_input must be a (B, T, H) tensor with B >= 1, got {got}")
-    if not isinstance(target, torch.Tensor) or tuple(target.shape) != tuple(_input.shape[:2]):
-        raise ValueError(f"target must have shape {tuple(_input.shape[:2])} (_input's first two dimensions)")
+    _check_sequences(_input, target=target)
     b = _input.shape[0]
     if not isinstance(preference_labels, torch.Tensor) or preference_labels.dtype != torch.bool or tuple(preference_labels.shape) != (b,):
         raise ValueError(f"preference_labels must be a bool tensor of shape ({b},) (True: a desirable completion)")
@@ -470,13 +477,8 @@ def fused_linear_grpo_loss(
         raise ValueError(f"temperature must be positive, got {temperature!r}")
     if loss_type == "dr_grpo" and (not is_integer(max_completion_length) or max_completion_length < 1):
         raise ValueError(f"loss_type='dr_grpo' needs max_completion_length (a positive int), got {max_completion_length!r}")
-    if not isinstance(_input, torch.Tensor) or _input.dim() != 3 or _input.shape[0] == 0:
-        got = tuple(_input.shape) if isinstance(_input, torch.Tensor) else type(_input).__name__
-        raise ValueError(f"_input must be a (B, T, H) tensor with B >= 1, got {got}")
+    _check_sequences(_input, selected_token_ids=selected_token_ids, attention_mask=attention_mask)
     shape = tuple(_input.shape[:2])
-    for name, t in (("selected_token_ids", selected_token_ids), ("attention_mask", attention_mask)):
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape} (_input's first two dimensions)")
     if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) != shape[:1]:
         raise ValueError(f"advantages must have shape {shape[:1]} (one per sequence)")
 
