@@ -4,14 +4,19 @@ CPO, KTO, GRPO and the JSD / KL distillation, without ever holding the (tokens x
 Each loss is a function of its tokens' log-probabilities: of every sequence's log-probability of its
 completion (the sum, or the mean, of its tokens'), of the chosen sequences' NLL where asked, and for
 GRPO of each token's ratio to the sampling policy and its KL estimate to the reference. A token's
-log-probability is minus its cross-entropy, so the token log-probabilities come from
-:func:`liger_portable.functional.fused_linear_cross_entropy` with ``reduction="none"``: the device's
-tuned kernels on every vendor, chunk by chunk, or the PyTorch fallback on the CPU. The loss over
-the per-sequence log-probabilities is a few PyTorch operations on ``(batch,)`` tensors, and autograd
-hands each token its factor: the fused cross-entropy's backward recomputes the logits chunk by chunk
-with those factors. That is four ``tokens x hidden x vocabulary`` products (logits, their recompute,
-the two gradients) against three for a loss that computes its gradients in the forward, and no
-memory beyond one chunk of logits and the gradients.
+log-probability is minus its cross-entropy, so these losses run on the fused linear cross-entropy's
+kernels (every vendor's tuned configs) or its PyTorch fallback, and never hold the logits:
+
+* **one pass** (:func:`_one_pass`), on the kernels for a scalar loss that needs gradients: chunks of
+  whole pairs or sequences; each chunk's token cross-entropies give its share of the loss, autograd
+  on those few numbers gives each token's factor, and the kernel writes the logits' gradient times
+  the factors while the chunk's logits are held
+  (:func:`~liger_portable.ops.fused_linear_cross_entropy.flce_fwd_factors`): three
+  ``tokens x hidden x vocabulary`` products, the gradients computed in the forward;
+* otherwise (``reduction="none"``, the CPU, fp16, torch.compile, a pair too long for one chunk):
+  :func:`liger_portable.functional.fused_linear_cross_entropy` with ``reduction="none"``, the loss in
+  PyTorch on its output, and autograd: the backward recomputes the logits chunk by chunk with each
+  token's factor, four products.
 
 Inputs follow liger-kernel's chunked losses (``liger_kernel.chunked_loss``), so that switching is a
 change of import: ``_input`` is ``(2B, T, H)``, the B chosen sequences stacked over the B rejected
@@ -30,13 +35,20 @@ student's gradients in the forward (:class:`_FusedLinearDistillation`).
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import warnings
 
 import torch
 import torch.nn.functional as TF
 
-from .functional import fused_linear_cross_entropy
+from .functional import check_flce_args, flce_kernel_device, fused_linear_cross_entropy
 from ._checks import check_choice, check_nonneg_number, check_real, is_integer
+
+if importlib.util.find_spec("triton") is not None:
+    from .ops import fused_linear_cross_entropy as _flce_ops
+else:  # pragma: no cover - without Triton every loss runs the fallback
+    _flce_ops = None
 
 REDUCTIONS = ("mean", "sum", "none")
 DPO_LOSS_TYPES = (
@@ -123,10 +135,8 @@ def _pairs(
     hidden, weight, target, bias, *, ignore_index, average_log_prob, compute_nll_loss, nll_target=None,
 ):
     """The per-pair ingredients of every loss here: chosen and rejected log-probabilities ``(B,)``,
-    the chosen NLL (a scalar) and its per-pair parts ``(B,)`` (summing to it), and the logits means."""
-    _check_pairs("_input", hidden, target)
-    if not is_integer(ignore_index):
-        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    the chosen NLL (a scalar) and its per-pair parts ``(B,)`` (summing to it), and the logits means
+    (the arguments checked by :func:`_paired_loss`)."""
     n = hidden.shape[0] // 2
     token_logps = _token_logps(hidden, weight, target, bias, int(ignore_index))
     mask = target != ignore_index
@@ -149,10 +159,161 @@ def _pairs(
             count = (chosen_target != ignore_index).sum()
         nll_pairs = per_pair / count.clamp(min=1)
         nll = nll_pairs.sum()
+    return logps[:n], logps[n:], nll, nll_pairs, _means(hidden, weight, bias)
+
+
+def _means(hidden, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen and rejected logits' means (liger-kernel's logging figures)."""
+    n = hidden.shape[0] // 2
     sums = _logit_sums(hidden, weight, bias)
     per_half = n * hidden.shape[1] * weight.shape[0]
-    means = (sums[:n].sum() / per_half, sums[n:].sum() / per_half)
-    return logps[:n], logps[n:], nll, nll_pairs, means
+    return sums[:n].sum() / per_half, sums[n:].sum() / per_half
+
+
+def _paired_loss(
+    hidden, weight, target, bias, *, ignore_index, average_log_prob, compute_nll_loss, alpha, reduction, pair_fn,
+    nll_target=None,
+):
+    """``alpha * NLL(chosen) + reduce(pair losses)`` and its ingredients ``(loss, chosen, rejected,
+    means, nll, aux)``; ``pair_fn(chosen, rejected, pairs)`` gives ``(losses, *aux)`` of the pairs
+    ``pairs`` (a slice) from their sequence log-probabilities.
+
+    On the kernels, for a scalar loss that needs gradients, one pass computes them with three
+    ``tokens x hidden x vocabulary`` products (:func:`_single_pass`); otherwise the log-probabilities
+    come from the fused cross-entropy with ``reduction="none"`` and autograd (four products)."""
+    _check_pairs("_input", hidden, target)
+    if not is_integer(ignore_index):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    plan = _single_pass_plan(hidden, weight, target, bias, int(ignore_index), reduction, 2 * hidden.shape[1], nll_target)
+    if plan is not None:
+        return _single_pass(hidden, weight, target, bias, int(ignore_index), average_log_prob, compute_nll_loss,
+                            alpha, reduction, pair_fn, *plan)
+    chosen, rejected, nll, nll_pairs, means = _pairs(
+        hidden, weight, target, bias, ignore_index=ignore_index, average_log_prob=average_log_prob,
+        compute_nll_loss=compute_nll_loss, nll_target=nll_target,
+    )
+    losses, *aux = pair_fn(chosen, rejected, slice(None))
+    return _reduce(losses, nll, nll_pairs, alpha, reduction), chosen, rejected, means, nll, aux
+
+
+def _single_pass_plan(hidden, weight, target, bias, ignore_index, reduction, group_rows: int, nll_target=None):
+    """``(device info, groups per chunk)`` where the one-pass path (:func:`_one_pass`) applies, else
+    None: the kernels run these tensors (bf16 or fp32), the loss is a scalar that needs gradients,
+    not under torch.compile (whose graph takes the fused cross-entropy's ops), no separate NLL
+    targets, and one group's logits (``group_rows`` tokens: a pair, or a sequence) fit in the memory
+    the weight gradient takes (at least 1 GiB)."""
+    if reduction == "none" or nll_target is not None or torch.compiler.is_compiling():
+        return None
+    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))):
+        return None
+    if hidden.dtype not in (torch.bfloat16, torch.float32) or hidden.numel() == 0:
+        return None
+    _, _, _, _, _, device = check_flce_args(hidden, weight, target, bias, ignore_index, "mean", 0.0, 0.0, None, False, None)
+    dev = flce_kernel_device(hidden, device)
+    if dev is None:
+        return None
+    n_pad, elt = _flce_ops.padded_vocab(weight.shape[0]), hidden.element_size()
+    budget = max(weight.numel() * elt, 2**30)
+    if group_rows * n_pad * elt > budget:
+        return None
+    if GROUPS_PER_CHUNK:
+        return dev, GROUPS_PER_CHUNK
+    cfg = _flce_ops.config_for(hidden.reshape(-1, hidden.shape[-1]), weight, None, dev)
+    rows = _flce_ops.default_chunk_rows(weight.shape[0], hidden.shape[-1], elt, cfg.meta["CHUNK_TOKENS"])
+    return dev, max(1, min(rows // group_rows, budget // (group_rows * n_pad * elt)))
+
+
+# Groups (pairs, or sequences) per chunk of the one-pass path; None: the most whose tokens fit in the
+# fused cross-entropy's default chunk (at least one). The tests set it to get several chunks out of
+# a tiny problem.
+GROUPS_PER_CHUNK: int | None = None
+
+
+class _Collect:
+    """The per-chunk loss of a one-pass loss (:func:`_single_pass`) over groups of sequences (a pair
+    is a group of two): gives each chunk's tokens their factor, the gradient of ``loss_fn`` in their
+    cross-entropy, and keeps every token's log-probability and the summed loss.
+
+    ``mask``: ``(groups, group size, T)``, True on the tokens the loss reads; ``loss_fn(tokens,
+    groups)``: the chunk's share of the loss from its tokens' log-probabilities ``(k, group size, T)``
+    (0 where masked) and the slice of the groups they are."""
+
+    def __init__(self, mask: torch.Tensor, loss_fn):
+        self.mask, self.loss_fn = mask, loss_fn
+        self.tokens = torch.empty(mask.shape, dtype=torch.float32, device=mask.device)
+        self.loss = torch.zeros((), dtype=torch.float32, device=mask.device)
+
+    def __call__(self, start: int, end: int, loss_rows: torch.Tensor) -> torch.Tensor:
+        per = self.mask.shape[1] * self.mask.shape[2]
+        g0, g1 = start // per, end // per
+        with torch.enable_grad():
+            ce = loss_rows.detach().view(g1 - g0, *self.mask.shape[1:]).requires_grad_()
+            tokens = -ce * self.mask[g0:g1]
+            total = self.loss_fn(tokens, slice(g0, g1))
+            (factors,) = torch.autograd.grad(total, ce)
+        self.tokens[g0:g1] = tokens.detach()
+        self.loss += total.detach()
+        return factors.reshape(-1)
+
+
+class _SinglePass(torch.autograd.Function):
+    """The loss of :class:`_Collect` over chunks of whole pairs, its gradients computed in the forward
+    (:func:`~liger_portable.ops.fused_linear_cross_entropy.flce_fwd_factors`); the backward scales them."""
+
+    @staticmethod
+    def forward(ctx, hp, weight, bias, tp, ignore_index, chunks, collect, dev):
+        want = tuple(ctx.needs_input_grad[:3])
+        _, gh, gw, gb = _flce_ops.flce_fwd_factors(hp, weight, tp, bias, ignore_index, chunks, collect, want, dev=dev)
+        ctx.save_for_backward(gh, gw, gb)
+        return collect.loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        # grad is a 0-dim factor: each product stays in its gradient's dtype, rounded once
+        gh, gw, gb = (None if g is None else g * grad for g in ctx.saved_tensors)
+        return gh, gw, gb, None, None, None, None, None
+
+
+def _one_pass(rows, weight, bias, target, ignore_index, mask, loss_fn, dev, groups_per_chunk):
+    """The loss ``sum over chunks of loss_fn`` (see :class:`_Collect`) of the 2-D ``rows`` (hidden
+    states, ordered group by group as ``mask`` is) and 1-D ``target``, with its gradients computed in
+    the one pass; returns ``(loss, token log-probabilities (groups, group size, T))``."""
+    collect = _Collect(mask, loss_fn)
+    step = mask.shape[1] * mask.shape[2] * groups_per_chunk
+    chunks = [(s, min(s + step, target.shape[0])) for s in range(0, target.shape[0], step)]
+    return _SinglePass.apply(rows, weight, bias, target, ignore_index, chunks, collect, dev), collect.tokens
+
+
+def _single_pass(hidden, weight, target, bias, ignore_index, average, compute_nll, alpha, reduction, pair_fn, dev, pairs):
+    """:func:`_paired_loss` in one pass over chunks of ``pairs`` whole pairs: the rows are reordered
+    pair by pair (chosen 0, rejected 0, chosen 1, ...; a copy of the hidden states), each chunk's
+    token losses give its pairs' losses, and their gradient gives each token's factor for the
+    chunk's gradient products, while its logits are still held."""
+    n2, seq_rows, h = hidden.shape
+    n = n2 // 2
+    hp = hidden.view(2, n, seq_rows, h).transpose(0, 1).reshape(n2 * seq_rows, h)
+    tp = target.view(2, n, seq_rows).transpose(0, 1).reshape(-1)
+    mask = (tp != ignore_index).view(n, 2, seq_rows)
+    lengths = mask.sum(-1).clamp(min=1).to(torch.float32)
+    count = mask[:, 0].sum().clamp(min=1).to(torch.float32)  # the chosen tokens, for the NLL
+    pair_scale = 1.0 / n if reduction == "mean" else 1.0
+
+    def sequences(tokens, pairs):
+        seq = tokens.sum(-1)
+        return seq / lengths[pairs] if average else seq
+
+    def loss_fn(tokens, pairs):
+        seq = sequences(tokens, pairs)
+        total = pair_fn(seq[:, 0], seq[:, 1], pairs)[0].sum() * pair_scale
+        return total - alpha * tokens[:, 0].sum() / count if compute_nll else total
+
+    loss, tokens = _one_pass(hp, weight, bias, tp, ignore_index, mask, loss_fn, dev, pairs)
+    with torch.no_grad():
+        seq = sequences(tokens, slice(None))
+        chosen, rejected = seq[:, 0], seq[:, 1]
+        _, *aux = pair_fn(chosen, rejected, slice(None))
+        nll = -tokens[:, 0].sum() / count if compute_nll else torch.zeros((), device=hidden.device)
+    return loss, chosen, rejected, _means(hidden, weight, bias), nll, aux
 
 
 def _reduce(pair_losses: torch.Tensor, nll: torch.Tensor, nll_pairs: torch.Tensor, alpha: float, reduction: str):
@@ -269,28 +430,33 @@ def fused_linear_dpo_loss(
         check_real("discopop_tau", discopop_tau)
         if not discopop_tau > 0:
             raise ValueError(f"discopop_tau must be positive, got {discopop_tau!r}")
-    chosen, rejected, nll, nll_pairs, means = _pairs(
-        _input, weight, target, bias, ignore_index=ignore_index, average_log_prob=average_log_prob,
-        compute_nll_loss=compute_nll_loss,
-    )
+    _check_pairs("_input", _input, target)
     ref_chosen, ref_rejected = _reference_logps(
-        use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, target, chosen, ignore_index, average_log_prob
+        use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, target, _input, ignore_index, average_log_prob
     )
-    losses, chosen_rewards, rejected_rewards = dpo_pair_losses(
-        chosen, rejected, ref_chosen, ref_rejected, beta, loss_type, label_smoothing, discopop_tau
+
+    def pair_fn(chosen, rejected, pairs):
+        return dpo_pair_losses(
+            chosen, rejected, ref_chosen[pairs], ref_rejected[pairs], beta, loss_type, label_smoothing, discopop_tau
+        )
+
+    loss, chosen, rejected, means, nll, aux = _paired_loss(
+        _input, weight, target, bias, ignore_index=ignore_index, average_log_prob=average_log_prob,
+        compute_nll_loss=compute_nll_loss, alpha=alpha, reduction=reduction, pair_fn=pair_fn,
     )
-    loss = _reduce(losses, nll, nll_pairs, alpha, reduction)
-    return _result(loss, chosen, rejected, means, nll, (chosen_rewards, rejected_rewards))
+    return _result(loss, chosen, rejected, means, nll, aux)
 
 
-def _reference_logps(use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, target, chosen, ignore_index, average):
+def _reference_logps(use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, target, hidden, ignore_index, average):
+    """The reference's chosen and rejected sequence log-probabilities, ``(B,)`` each in the loss's dtype."""
+    n, dtype = hidden.shape[0] // 2, torch.promote_types(hidden.dtype, torch.float32)
     if not use_ref_model:
-        zero = chosen.new_zeros(chosen.shape)
+        zero = torch.zeros(n, dtype=dtype, device=hidden.device)
         return zero, zero
     if ref_logps is not None:
-        if len(ref_logps) != 2 or any(tuple(t.shape) != tuple(chosen.shape) for t in ref_logps):
-            raise ValueError(f"ref_logps must be (chosen, rejected), each of shape {tuple(chosen.shape)}")
-        return tuple(t.detach().to(chosen.dtype) for t in ref_logps)
+        if len(ref_logps) != 2 or any(tuple(t.shape) != (n,) for t in ref_logps):
+            raise ValueError(f"ref_logps must be (chosen, rejected), each of shape {(n,)}")
+        return tuple(t.detach().to(dtype) for t in ref_logps)
     if ref_input is None or ref_weight is None:
         raise ValueError(
             "use_ref_model=True needs the reference model's log-probabilities: pass ref_input and ref_weight "
@@ -299,8 +465,7 @@ def _reference_logps(use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, 
     _check_pairs("ref_input", ref_input, target)
     with torch.no_grad():
         token_logps = _token_logps(ref_input, ref_weight, target, ref_bias, int(ignore_index))
-        logps = _sequence_logps(token_logps, target != ignore_index, average).to(chosen.dtype)
-    n = chosen.shape[0]
+        logps = _sequence_logps(token_logps, target != ignore_index, average).to(dtype)
     return logps[:n], logps[n:]
 
 
@@ -315,12 +480,12 @@ def fused_linear_orpo_loss(
     chosen_rewards, rejected_rewards, log_odds_ratio, log_odds_chosen))``. A completion with no
     token (all ``ignore_index``) has probability 1 and infinite odds: the loss is then infinite."""
     beta, _ = _check_common(beta, 1.0, reduction)
-    chosen, rejected, nll, nll_pairs, means = _pairs(
+    loss, chosen, rejected, means, nll, aux = _paired_loss(
         _input, weight, target, bias, ignore_index=ignore_index, average_log_prob=True,
-        compute_nll_loss=compute_nll_loss, nll_target=nll_target,
+        compute_nll_loss=compute_nll_loss, alpha=1.0, reduction=reduction, nll_target=nll_target,
+        pair_fn=lambda chosen, rejected, pairs: orpo_pair_losses(chosen, rejected, beta),
     )
-    losses, *aux = orpo_pair_losses(chosen, rejected, beta)
-    return _result(_reduce(losses, nll, nll_pairs, 1.0, reduction), chosen, rejected, means, nll, aux)
+    return _result(loss, chosen, rejected, means, nll, aux)
 
 
 def fused_linear_simpo_loss(
@@ -334,11 +499,12 @@ def fused_linear_simpo_loss(
     beta, alpha = _check_common(beta, alpha, reduction)
     gamma = check_real("gamma", gamma)
     label_smoothing = _check_smoothing(label_smoothing)
-    chosen, rejected, nll, nll_pairs, means = _pairs(
-        _input, weight, target, bias, ignore_index=ignore_index, average_log_prob=True, compute_nll_loss=compute_nll_loss,
+    loss, chosen, rejected, means, nll, aux = _paired_loss(
+        _input, weight, target, bias, ignore_index=ignore_index, average_log_prob=True,
+        compute_nll_loss=compute_nll_loss, alpha=alpha, reduction=reduction,
+        pair_fn=lambda chosen, rejected, pairs: simpo_pair_losses(chosen, rejected, beta, gamma, label_smoothing),
     )
-    losses, *aux = simpo_pair_losses(chosen, rejected, beta, gamma, label_smoothing)
-    return _result(_reduce(losses, nll, nll_pairs, alpha, reduction), chosen, rejected, means, nll, aux)
+    return _result(loss, chosen, rejected, means, nll, aux)
 
 
 def fused_linear_cpo_loss(
@@ -350,12 +516,12 @@ def fused_linear_cpo_loss(
     label smoothing as cDPO. Returns as :func:`fused_linear_simpo_loss`."""
     beta, alpha = _check_common(beta, alpha, reduction)
     label_smoothing = _check_smoothing(label_smoothing)
-    chosen, rejected, nll, nll_pairs, means = _pairs(
+    loss, chosen, rejected, means, nll, aux = _paired_loss(
         _input, weight, target, bias, ignore_index=ignore_index, average_log_prob=average_log_prob,
-        compute_nll_loss=compute_nll_loss,
+        compute_nll_loss=compute_nll_loss, alpha=alpha, reduction=reduction,
+        pair_fn=lambda chosen, rejected, pairs: cpo_pair_losses(chosen, rejected, beta, label_smoothing),
     )
-    losses, *aux = cpo_pair_losses(chosen, rejected, beta, label_smoothing)
-    return _result(_reduce(losses, nll, nll_pairs, alpha, reduction), chosen, rejected, means, nll, aux)
+    return _result(loss, chosen, rejected, means, nll, aux)
 
 
 def _check_smoothing(label_smoothing) -> float:
@@ -389,24 +555,46 @@ def fused_linear_kto_loss(
         raise ValueError(f"preference_labels must be a bool tensor of shape ({b},) (True: a desirable completion)")
     if not is_integer(ignore_index):
         raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    ignore_index = int(ignore_index)
     mask = target != ignore_index
-    logps = _sequence_logps(_token_logps(_input, weight, target, bias, int(ignore_index)), mask, average_log_prob)
-    ratios = logps
+    dtype = torch.promote_types(_input.dtype, torch.float32)  # the log-probabilities' and the loss's
+    ref = None
     if use_ref_model:
         if ref_logps is not None:
             if tuple(ref_logps.shape) != (b,):
                 raise ValueError(f"ref_logps must have shape ({b},), got {tuple(ref_logps.shape)}")
-            ref = ref_logps.detach().to(logps.dtype)
+            ref = ref_logps.detach().to(dtype)
         elif ref_input is None or ref_weight is None:
             raise ValueError("use_ref_model=True needs ref_logps, or ref_input and ref_weight; or use_ref_model=False")
         else:
             with torch.no_grad():
-                ref = _sequence_logps(_token_logps(ref_input, ref_weight, target, ref_bias, int(ignore_index)), mask, average_log_prob)
-        ratios = logps - ref.to(logps.dtype)
-    sign = torch.where(preference_labels, 1.0, -1.0).to(logps.dtype)
-    shifted = ratios if kl is None else ratios - kl.detach().to(logps.dtype)
-    losses = 1 - torch.sigmoid(beta * shifted * sign)
-    loss = losses if reduction == "none" else losses.sum() / (b if reduction == "mean" else 1)
+                ref = _sequence_logps(_token_logps(ref_input, ref_weight, target, ref_bias, ignore_index), mask,
+                                      average_log_prob).to(dtype)
+    sign = torch.where(preference_labels, 1.0, -1.0).to(dtype)
+    shift = None if kl is None else kl.detach().to(dtype)
+    lengths = mask.sum(-1).clamp(min=1)
+
+    def sequence_losses(logps, seqs):
+        ratios = logps if ref is None else logps - ref[seqs]
+        shifted = ratios if shift is None else ratios - shift
+        return 1 - torch.sigmoid(beta * shifted * sign[seqs]), ratios
+
+    plan = _single_pass_plan(_input, weight, target, bias, ignore_index, reduction, _input.shape[1])
+    if plan is None:
+        logps = _sequence_logps(_token_logps(_input, weight, target, bias, ignore_index), mask, average_log_prob)
+        losses, ratios = sequence_losses(logps, slice(None))
+        loss = losses if reduction == "none" else losses.sum() / (b if reduction == "mean" else 1)
+    else:  # one pass (three products): each chunk of whole sequences gives its tokens their factors
+        def loss_fn(tokens, seqs):
+            logps = tokens[:, 0].sum(-1)
+            logps = logps / lengths[seqs] if average_log_prob else logps
+            return sequence_losses(logps, seqs)[0].sum() / (b if reduction == "mean" else 1)
+
+        loss, tokens = _one_pass(_input.reshape(-1, _input.shape[-1]), weight, bias, target.reshape(-1), ignore_index,
+                                 mask.unsqueeze(1), loss_fn, *plan)
+        with torch.no_grad():
+            logps = _sequence_logps(tokens[:, 0], mask, average_log_prob)
+            ratios = sequence_losses(logps, slice(None))[1]
     rewards = beta * ratios
     sums = _logit_sums(_input, weight, bias)
     chosen, rejected = preference_labels, ~preference_labels
@@ -482,46 +670,77 @@ def fused_linear_grpo_loss(
     if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) != shape[:1]:
         raise ValueError(f"advantages must have shape {shape[:1]} (one per sequence)")
 
+    h, b = _input, bias
+    if temperature != 1.0:  # the logits over the temperature, by dividing hidden and bias in their dtype
+        h = h / temperature
+        b = None if b is None else b / temperature
+
     def token_logps(h, w, b):
-        if temperature != 1.0:
-            h = h / temperature
-            b = None if b is None else b / temperature
         return _token_logps(h, w, selected_token_ids, b, -100)
 
-    logp = token_logps(_input, weight, bias)
-    mask = attention_mask.to(logp.dtype)
-    adv = advantages.to(logp.dtype).unsqueeze(1)
+    dtype = torch.promote_types(_input.dtype, torch.float32)  # the log-probabilities' and the loss's
+    mask = attention_mask.to(dtype)
+    adv = advantages.to(dtype).unsqueeze(1)
     ref = None
     if beta != 0.0 and use_ref_model:
         if ref_per_token_logps is not None:
-            ref = ref_per_token_logps.detach().to(logp.dtype)
+            ref = ref_per_token_logps.detach().to(dtype)
         elif ref_input is not None and ref_weight is not None:
             with torch.no_grad():
-                ref = token_logps(ref_input, ref_weight, ref_bias)
+                ref_h, ref_b = ref_input, ref_bias
+                if temperature != 1.0:
+                    ref_h = ref_h / temperature
+                    ref_b = None if ref_b is None else ref_b / temperature
+                ref = token_logps(ref_h, ref_weight, ref_b)
         else:
             raise ValueError("beta != 0 with use_ref_model=True needs ref_per_token_logps, or ref_input and "
                              "ref_weight; or beta=0 / use_ref_model=False")
-    old = logp.detach() if old_per_token_logps is None else old_per_token_logps.detach().to(logp.dtype)
-    log_ratio = logp - old
-    if importance_sampling_level == "sequence":
-        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    unclipped = ratio if delta is None else torch.clamp(ratio, max=check_real("delta", delta))
-    per_token = -torch.min(unclipped * adv, clipped * adv)
-    kl = None
-    if ref is not None:
-        kl = _k3(ref, logp)
-        per_token = per_token + beta * kl
-    masked = per_token * mask
+    old_given = None if old_per_token_logps is None else old_per_token_logps.detach().to(dtype)
+    delta = None if delta is None else check_real("delta", delta)
     if loss_type == "grpo":
-        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / shape[0]
+        lengths = mask.sum(-1).clamp(min=1.0)
     elif loss_type == "bnpo":
-        loss = masked.sum() / mask.sum().clamp(min=1.0)
+        normaliser = mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
-        loss = masked.sum() / (shape[0] * max_completion_length)
+        normaliser = shape[0] * max_completion_length
     else:
-        loss = masked.sum() / _dapo_normalizer(attention_mask, num_items_in_batch)
+        normaliser = _dapo_normalizer(attention_mask, num_items_in_batch)
+
+    def per_token(logp, rows):
+        """(masked per-token loss, ratio, k3 KL or None) of the sequences ``rows``."""
+        m = mask[rows]
+        old = logp.detach() if old_given is None else old_given[rows]
+        log_ratio = logp - old
+        if importance_sampling_level == "sequence":
+            log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        ratio = torch.exp(log_ratio)
+        clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+        unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
+        loss = -torch.min(unclipped * adv[rows], clipped * adv[rows])
+        kl = None
+        if ref is not None:
+            kl = _k3(ref[rows], logp)
+            loss = loss + beta * kl
+        return loss * m, ratio, kl
+
+    def total(logp, rows):
+        masked = per_token(logp, rows)[0]
+        if loss_type == "grpo":
+            return (masked.sum(-1) / lengths[rows]).sum() / shape[0]
+        return masked.sum() / normaliser
+
+    # Every token is kept (the attention mask weighs them in the loss): no target is ignore_index.
+    plan = _single_pass_plan(h, weight, selected_token_ids, b, -100, "mean", shape[1])
+    if plan is None:
+        logp = token_logps(h, weight, b)
+        loss = total(logp, slice(None))
+    else:  # one pass (three products): each chunk of whole sequences gives its tokens their factors
+        keep = torch.ones((shape[0], 1, shape[1]), dtype=torch.bool, device=_input.device)
+        loss, tokens = _one_pass(h.reshape(-1, h.shape[-1]), weight, b, selected_token_ids.reshape(-1), -100, keep,
+                                 lambda tokens, rows: total(tokens[:, 0], rows), *plan)
+        logp = tokens[:, 0]
+    with torch.no_grad():
+        _, ratio, kl = per_token(logp.detach(), slice(None))
     count = mask.sum().clamp(min=1.0)
     metrics = [] if beta == 0.0 else [(kl * mask).sum() / count if kl is not None else logp.new_zeros(())]
     is_clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
@@ -532,74 +751,143 @@ def fused_linear_grpo_loss(
 # --------------------------------------------------------------------------- distillation (JSD, forward and reverse KL)
 
 
-def _soft_losses(student: torch.Tensor, teacher: torch.Tensor, beta: float) -> torch.Tensor:
-    """Per row, the generalised Jensen-Shannon divergence of the student's and teacher's softmax
-    (float32 logits): ``beta * KL(T || M) + (1 - beta) * KL(S || M)`` with ``M = (1 - beta) S + beta T``;
-    ``beta = 0`` is the forward KL(T || S), ``beta = 1`` the reverse KL(S || T)."""
-    log_s, log_t = torch.log_softmax(student, -1), torch.log_softmax(teacher, -1)
-    if beta == 0.0:
-        return (log_t.exp() * (log_t - log_s)).sum(-1)
-    if beta == 1.0:
-        return (log_s.exp() * (log_s - log_t)).sum(-1)
-    log_m = torch.logsumexp(torch.stack([log_s + math.log(1 - beta), log_t + math.log(beta)]), 0)
-    return beta * (log_t.exp() * (log_t - log_m)).sum(-1) + (1 - beta) * (log_s.exp() * (log_s - log_m)).sum(-1)
+def _chunk_terms(s, t, labels, keep, beta: float, temperature: float, w_hard: float, w_soft: float, scale,
+                 grad_dtype, need_bias: bool):
+    """One chunk of the distillation loss from its student logits ``s`` and teacher logits ``t`` (rows,
+    taken in float32, or float64 for float64 inputs): ``(hard, soft, dlogits, dbias)``.
+
+    ``hard`` is each row's cross-entropy of ``labels``; ``soft`` each row's generalised Jensen-Shannon
+    divergence of ``softmax(s / temperature)`` from ``softmax(t / temperature)``: ``beta * KL(T || M) +
+    (1 - beta) * KL(S || M)`` with ``M = (1 - beta) S + beta T``; ``beta = 0`` is the forward KL(T || S),
+    ``beta = 1`` the reverse KL(S || T). With ``grad_dtype`` (else None for both), ``dlogits`` is the
+    gradient in ``s`` of ``scale * sum(keep * (w_hard * hard + w_soft * soft))`` (``scale`` a 0-dim
+    tensor) in ``grad_dtype``, and with ``need_bias`` ``dbias`` its column sums before that rounding.
+    The gradient is written out (no autograd graph, a few row-sized passes):
+
+    * the divergence's gradient in the student's log-probabilities ``ls`` is ``g = (1 - beta) (ls - lm)``
+      (``lm`` the mixture's log-probabilities) for ``0 < beta < 1``, ``ls - lt + 1`` for the reverse
+      KL and ``-exp(lt - ls)`` for the forward KL; through the softmax, the logits get
+      ``p * (g - sum(p * g))`` over ``temperature``, which for the forward KL is ``(p - q) / temperature``;
+    * the cross-entropy's is ``softmax(s) - onehot(label)``.
+    """
+    acc = torch.promote_types(s.dtype, torch.float32)
+    s, t = s.to(acc), t.to(acc)
+    ls = torch.log_softmax(s / temperature if temperature != 1.0 else s, -1)
+    lt = torch.log_softmax(t / temperature if temperature != 1.0 else t, -1)
+    if beta == 0.0:  # forward KL(T || S)
+        q = lt.exp()
+        soft = (q * (lt - ls)).sum(-1)
+        g = None
+    elif beta == 1.0:  # reverse KL(S || T)
+        d = ls - lt
+        soft = (ls.exp() * d).sum(-1)
+        g = d
+    else:
+        a, b = ls + math.log(1 - beta), lt + math.log(beta)
+        lm = torch.maximum(a, b) + torch.log1p(torch.exp(-(a - b).abs()))  # log((1-beta) S + beta T)
+        soft = beta * (lt.exp() * (lt - lm)).sum(-1) + (1 - beta) * (ls.exp() * (ls - lm)).sum(-1)
+        g = (1 - beta) * (ls - lm)
+    lse = torch.logsumexp(s, -1)
+    hard = lse - s.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    if grad_dtype is None:
+        return hard, soft, None, None
+    p = ls.exp()
+    dsoft = p - q if g is None else p * (g - (p * g).sum(-1, keepdim=True))
+    keep = keep * scale
+    dlogits = dsoft * (keep * (w_soft / temperature)).unsqueeze(-1)
+    if w_hard != 0.0:
+        p_hard = p if temperature == 1.0 else torch.exp(s - lse.unsqueeze(-1))
+        onehot = torch.zeros_like(s).scatter_(-1, labels.clamp(min=0).unsqueeze(-1), 1.0)
+        dlogits = dlogits + (p_hard - onehot) * (keep * w_hard).unsqueeze(-1)
+    return hard, soft, dlogits.to(grad_dtype), dlogits.sum(0) if need_bias else None
+
+
+_compiled_terms = None
+
+
+def _terms_fn(device: torch.device):
+    """:func:`_chunk_terms` for tensors on ``device``: compiled by torch.compile on a GPU (its
+    row-sized passes fused into a few kernels, without the chunk-sized float32 intermediates), as it
+    is on the CPU or where the compiler failed once (a warning says so)."""
+    global _compiled_terms
+    if device.type == "cpu" or _compiled_terms is False:
+        return _chunk_terms
+    if _compiled_terms is None:
+        compiled = torch.compile(_chunk_terms, dynamic=False)
+
+        def terms(*args):
+            global _compiled_terms
+            try:
+                return compiled(*args)
+            except torch._dynamo.exc.BackendCompilerFailed as e:
+                warnings.warn(f"torch.compile failed on the distillation loss's chunk ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0]}); running it eagerly, with more memory", stacklevel=2)
+                _compiled_terms = False
+                return _chunk_terms(*args)
+
+        _compiled_terms = terms
+    return _compiled_terms
 
 
 class _FusedLinearDistillation(torch.autograd.Function):
     """Chunks of ``chunk_size`` tokens: the student's and teacher's logits of a chunk, its loss and the
-    gradient of its student logits (autograd on the chunk's float32 logits alone), then the gradients
-    of the student's hidden states, weight and bias by matrix products, in the forward (as the fused
-    linear cross-entropy does); the backward scales them by the incoming gradient."""
+    gradient of its student logits (:func:`_chunk_terms`), then the gradients of the student's hidden
+    states, weight and bias by matrix products, in the forward (as the fused linear cross-entropy
+    does); the backward scales them by the incoming gradient."""
 
     @staticmethod
     def forward(ctx, h, w, b, labels, teacher, beta, w_hard, w_soft, ignore_index, temperature, chunk_size):
         n = h.shape[0]
         acc = torch.promote_types(h.dtype, torch.float32)  # the loss's dtype, and the gradients' sums
         valid = (labels != ignore_index).sum().clamp(min=1).to(acc)
+        inv_valid = 1.0 / valid
         need = ctx.needs_input_grad
+        need_grad = any(need[:3])
+        # The weight's gradient accumulates in its dtype, each chunk's product summed in fp32 inside the
+        # matmul and rounded once (as the fused linear cross-entropy does); the bias's in fp32.
         gh = torch.empty_like(h) if need[0] else None
-        gw = torch.zeros(w.shape, dtype=acc, device=w.device) if need[1] else None
+        gw = torch.empty_like(w) if need[1] else None
         gb = torch.zeros(b.shape, dtype=acc, device=b.device) if b is not None and need[2] else None
         soft_total = h.new_zeros((), dtype=acc)
         hard_total = h.new_zeros((), dtype=acc)
+        terms = _terms_fn(h.device)
         for start in range(0, n, chunk_size):
             rows = slice(start, min(start + chunk_size, n))
             hc, yc = h[rows], labels[rows]
             logits = hc @ w.T
             if b is not None:
                 logits = logits + b
-            with torch.enable_grad():
-                s32 = logits.to(acc).requires_grad_()
-                keep = (yc != ignore_index).to(acc)
-                hard = (torch.logsumexp(s32, -1) - s32.gather(-1, yc.clamp(min=0).unsqueeze(-1)).squeeze(-1)) * keep
-                soft = _soft_losses(s32 / temperature, teacher(rows).to(acc) / temperature, beta) * keep
-                hard_sum, soft_sum = hard.sum(), soft.sum()
-                loss = (w_hard * hard_sum + w_soft * soft_sum) / valid
-                (dlogits,) = torch.autograd.grad(loss, s32) if any(need[:3]) else (None,)
-            hard_total += hard_sum.detach()
-            soft_total += soft_sum.detach()
-            if dlogits is None:
+            keep = (yc != ignore_index).to(acc)
+            # the chunk's share of the loss, (w_hard * hard + w_soft * soft) / valid, and its gradient
+            hard, soft, d, db = terms(
+                logits, teacher(rows), yc, keep, beta, temperature, w_hard, w_soft, inv_valid,
+                h.dtype if need_grad else None, gb is not None,
+            )
+            del logits
+            hard_total += (hard * keep).sum()
+            soft_total += (soft * keep).sum()
+            if d is None:
                 continue
-            d = dlogits.to(h.dtype)
             if gh is not None:
-                gh[rows] = d @ w
+                gh[rows].addmm_(d, w, beta=0)
             if gw is not None:
-                gw += (d.T @ hc).to(acc)  # each chunk's product rounded once, summed in float32
+                gw.addmm_(d.T, hc, beta=0 if start == 0 else 1)
             if gb is not None:
-                gb += dlogits.sum(0)
+                gb += db
+            del d
         soft, hard = soft_total / valid, hard_total / valid
         ctx.save_for_backward(gh, gw, gb)
-        ctx.dtypes = (w.dtype, None if b is None else b.dtype)
+        ctx.bias_dtype = None if b is None else b.dtype
         ctx.mark_non_differentiable(soft, hard)
         return w_hard * hard + w_soft * soft, soft, hard
 
     @staticmethod
     def backward(ctx, grad, _soft, _hard):
         gh, gw, gb = ctx.saved_tensors
-        w_dtype, b_dtype = ctx.dtypes
-        gh = None if gh is None else gh * grad.to(gh.dtype)
-        gw = None if gw is None else (gw * grad).to(w_dtype)
-        gb = None if gb is None else (gb * grad).to(b_dtype)
+        # grad is a 0-dim factor: each product stays in its gradient's dtype, rounded once
+        gh = None if gh is None else gh * grad
+        gw = None if gw is None else gw * grad
+        gb = None if gb is None else (gb * grad).to(ctx.bias_dtype)
         return gh, gw, gb, None, None, None, None, None, None, None, None
 
 
@@ -651,7 +939,7 @@ def fused_linear_distillation_loss(
             raise ValueError(f"teacher_logits must have shape ({n}, {vocab}) (tokens x the student's vocabulary), got {tuple(teacher_logits.shape)}")
 
         def teacher(rows):
-            return teacher_logits[rows].detach().float()
+            return teacher_logits[rows].detach()
     elif teacher_input is None or teacher_weight is None:
         raise ValueError("pass the teacher's head (teacher_input and teacher_weight) or its logits (teacher_logits)")
     else:
@@ -663,7 +951,7 @@ def fused_linear_distillation_loss(
         def teacher(rows):
             with torch.no_grad():
                 logits = teacher_input[rows] @ teacher_weight.T
-                return (logits if teacher_bias is None else logits + teacher_bias).float()
+                return logits if teacher_bias is None else logits + teacher_bias
     loss, soft, hard = _FusedLinearDistillation.apply(
         student_input, student_weight, student_bias, true_labels, teacher, beta, w_hard, w_soft, int(ignore_index),
         temperature, int(chunk_size),

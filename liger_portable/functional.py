@@ -553,6 +553,54 @@ def cross_entropy(
     return _loss_result(loss, z, target, reduction, return_z_loss)
 
 
+def check_flce_args(
+    hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss,
+    chunk_mib,
+):
+    """The argument checks of :func:`fused_linear_cross_entropy` (also run by the losses built on its
+    kernels): an error naming the argument, or ``(label_smoothing, lse_square_scale, softcap,
+    ignore_index, chunk_mib, device)`` as Python numbers and the tensors' common device."""
+    check_float("hidden", hidden)
+    check_float("weight", weight)
+    if hidden.dim() == 0:
+        raise ValueError("hidden must have at least one dimension (the hidden size, last), got a scalar")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"weight must have shape (V, {hidden.shape[-1]}) (nn.Linear's (out, in) layout; its second "
+            f"dimension is hidden's last {hidden.shape[-1]}), got {tuple(weight.shape)}"
+        )
+    if weight.dtype != hidden.dtype:
+        raise TypeError(f"weight has dtype {weight.dtype} but hidden has {hidden.dtype}; cast one, e.g. weight.to(hidden.dtype)")
+    tensors = {"hidden": hidden, "weight": weight, "target": target}
+    if bias is not None:
+        check_float("bias", bias)
+        if bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},) (one per class), got {tuple(bias.shape)}; or pass bias=None")
+        if bias.dtype != hidden.dtype:
+            raise TypeError(f"bias has dtype {bias.dtype} but hidden has {hidden.dtype}; cast it, e.g. bias.to(hidden.dtype)")
+        tensors["bias"] = bias
+    _check_target(target, hidden.shape[:-1], "hidden.shape[:-1]: one class index per token")
+    label_smoothing, lse_square_scale, softcap, ignore_index = check_ce_options(
+        ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+    )
+    device = same_device(**tensors)
+    chunk_mib = check_chunk_mib(chunk_mib)
+    if weight.shape[0] == 0:
+        raise ValueError("weight must have at least one class (its first dimension is 0)")
+    if hidden.shape[-1] == 0:
+        raise ValueError(
+            f"hidden must have a non-empty last dimension (the hidden size), got shape {tuple(hidden.shape)}"
+        )
+    _check_target_range(target, weight.shape[0], ignore_index)
+    return label_smoothing, lse_square_scale, softcap, ignore_index, chunk_mib, device
+
+
+def flce_kernel_device(hidden: torch.Tensor, device: torch.device):
+    """The :class:`~liger_portable.DeviceInfo` the fused linear cross-entropy's kernels run ``hidden``
+    with (on ``device``), or None: the fallback."""
+    return _kernel_device(_flce_ops, device, hidden)
+
+
 def fused_linear_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -595,38 +643,10 @@ def fused_linear_cross_entropy(
         logits); ``(loss, z_loss)`` with ``return_z_loss``. Only one backward
         is allowed for ``mean`` / ``sum`` (the stored gradients are scaled in place).
     """
-    check_float("hidden", hidden)
-    check_float("weight", weight)
-    if hidden.dim() == 0:
-        raise ValueError("hidden must have at least one dimension (the hidden size, last), got a scalar")
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(
-            f"weight must have shape (V, {hidden.shape[-1]}) (nn.Linear's (out, in) layout; its second "
-            f"dimension is hidden's last {hidden.shape[-1]}), got {tuple(weight.shape)}"
-        )
-    if weight.dtype != hidden.dtype:
-        raise TypeError(f"weight has dtype {weight.dtype} but hidden has {hidden.dtype}; cast one, e.g. weight.to(hidden.dtype)")
-    tensors = {"hidden": hidden, "weight": weight, "target": target}
-    if bias is not None:
-        check_float("bias", bias)
-        if bias.shape != (weight.shape[0],):
-            raise ValueError(f"bias must have shape ({weight.shape[0]},) (one per class), got {tuple(bias.shape)}; or pass bias=None")
-        if bias.dtype != hidden.dtype:
-            raise TypeError(f"bias has dtype {bias.dtype} but hidden has {hidden.dtype}; cast it, e.g. bias.to(hidden.dtype)")
-        tensors["bias"] = bias
-    _check_target(target, hidden.shape[:-1], "hidden.shape[:-1]: one class index per token")
-    label_smoothing, lse_square_scale, softcap, ignore_index = check_ce_options(
-        ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+    label_smoothing, lse_square_scale, softcap, ignore_index, chunk_mib, device = check_flce_args(
+        hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
+        return_z_loss, chunk_mib,
     )
-    device = same_device(**tensors)
-    chunk_mib = check_chunk_mib(chunk_mib)
-    if weight.shape[0] == 0:
-        raise ValueError("weight must have at least one class (its first dimension is 0)")
-    if hidden.shape[-1] == 0:
-        raise ValueError(
-            f"hidden must have a non-empty last dimension (the hidden size), got shape {tuple(hidden.shape)}"
-        )
-    _check_target_range(target, weight.shape[0], ignore_index)
     dev = _kernel_device(_flce_ops, device, hidden)
     if dev is None:
         return fallback.fused_linear_cross_entropy(

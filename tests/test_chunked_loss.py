@@ -223,6 +223,23 @@ def test_kernel_interpreter(simulated_device, dtype):
     _compare("simpo", h, w, b, t, {"reduction": "none"}, dtype)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90", "rocm-gfx942", "xpu-xe-hpc"], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
+@pytest.mark.parametrize("pairs", [1, 2, None], ids=["1-pair-chunks", "2-pair-chunks", "default"])
+def test_kernel_interpreter_single_pass(simulated_device, dtype, pairs, monkeypatch):
+    """Scalar losses on the kernels take the one-pass path (three products: each chunk of whole pairs
+    gives its tokens their factors while its logits are held), in chunks of one pair, of two (the
+    last chunk partial) and the default; every paired loss, both reductions, against float64."""
+    calls = _spy_one_pass(monkeypatch, pairs)
+    for kind, opts in [("dpo", {"compute_nll_loss": True, "average_log_prob": True}), ("orpo", {"reduction": "sum"}),
+                       ("simpo", {"alpha": 0.5}), ("cpo", {"label_smoothing": 0.1})]:
+        # an empty completion (all padding) except for ORPO, whose loss is infinite then
+        h, w, b, t, rh, rw = _inputs(dtype=dtype, seed=23, empty=kind != "orpo")
+        _compare(kind, h, w, b, t, opts, dtype, ref=(rh, rw) if kind == "dpo" else None)
+    assert calls == [{1: 3, 2: 2, None: 1}[pairs]] * 4  # one pass per loss, in that many chunks
+
+
 def test_modules_follow_liger_kernel():
     """liger-kernel's class names, constructor defaults and forward order (lin_weight first)."""
     h, w, b, t, rh, rw = _inputs(seed=13)
@@ -328,12 +345,18 @@ def _leaves(h, w, b):
             None if b is None else b.detach().double().requires_grad_())
 
 
-def _check(loss, aux, leaves, want_loss, want_aux, want_leaves, dtype):
+def _check(loss, aux, leaves, want_loss, want_aux, want_leaves, dtype, aux_scale=None):
+    """``aux_scale``: per aux figure that is a sum of signed per-sequence terms, the sum of their
+    magnitudes: each term is off by its own relative error (a bf16 head's log-probabilities by about
+    2**-9 of the logits), so the sum is checked against that scale, not against a sum that may cancel."""
     tol = TOL[dtype]
     assert rel_err(loss, want_loss) <= tol, (loss, want_loss)
     assert len(aux) == len(want_aux)
     for i, (a, e) in enumerate(zip(aux, want_aux)):
-        assert rel_err(a, e) <= tol or (e.abs() < 1e-12 and a.abs() < 1e-6), (i, a, e)
+        if aux_scale is not None:
+            assert abs(float(a) - float(e)) <= tol * float(aux_scale[i]), (i, a, e, aux_scale[i])
+        else:
+            assert rel_err(a, e) <= tol or (e.abs() < 1e-12 and a.abs() < 1e-6), (i, a, e)
     for name, g, e in zip("hwb", [x.grad for x in leaves if x is not None], [x.grad for x in want_leaves if x is not None]):
         assert g.dtype == dtype and rel_err(g, e) <= tol, (name, rel_err(g, e))
 
@@ -348,18 +371,45 @@ def test_kto_matches_reference(use_ref, average, dtype):
     kl = torch.tensor(0.2)
     hd, wd, bd = _leaves(h, w, b)
     seq, tok, mask, logits = _logps(hd, wd, bd, t, average)
-    ratio = seq - (_logps(rh.double(), rw.double(), None, t, average)[0] if use_ref else 0)
+    ref_seq = _logps(rh.double(), rw.double(), None, t, average)[0] if use_ref else torch.zeros_like(seq)
+    ratio = seq - ref_seq
     sign = labels.double() * 2 - 1
     want = (1 - torch.sigmoid(0.1 * (ratio - kl) * sign)).sum() / n
     want.backward()
     per_seq_logits = logits.sum((-1, -2))
     want_aux = [(seq * labels).sum(), (seq * ~labels).sum(), (per_seq_logits * labels).sum(),
                 (per_seq_logits * ~labels).sum(), (0.1 * ratio * labels).sum(), (0.1 * ratio * ~labels).sum()]
+    # a reward is a difference of the policy's and the reference's log-probabilities, each off by its own error
+    terms = [seq, seq, per_seq_logits, per_seq_logits, 0.1 * (seq.abs() + ref_seq.abs()), 0.1 * (seq.abs() + ref_seq.abs())]
+    scale = [(x.abs() * (labels if i % 2 == 0 else ~labels)).sum().detach() for i, x in enumerate(terms)]
     hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
     loss, aux = lnn.LigerFusedLinearKTOLoss(beta=0.1, use_ref_model=use_ref, average_log_prob=average)(
         hl, wl, t, bl, labels, rh, rw, None, kl)
     loss.backward()
-    _check(loss, aux, (hl, wl, bl), want.detach(), [a.detach() for a in want_aux], (hd, wd, bd), dtype)
+    _check(loss, aux, (hl, wl, bl), want.detach(), [a.detach() for a in want_aux], (hd, wd, bd), dtype, scale)
+
+
+def _spy_one_pass(monkeypatch, groups):
+    """Groups per chunk of the one-pass path set to ``groups``; returns the list of each one-pass
+    call's chunk count."""
+    from liger_portable.ops import fused_linear_cross_entropy as flce_ops
+
+    monkeypatch.setattr(C, "GROUPS_PER_CHUNK", groups)
+    calls = []
+    real = flce_ops.flce_fwd_factors
+    monkeypatch.setattr(flce_ops, "flce_fwd_factors", lambda *a, **k: calls.append(len(a[5])) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90", "rocm-gfx942", "xpu-xe-hpc"], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
+def test_kto_kernel_interpreter_one_pass(simulated_device, dtype, monkeypatch):
+    """KTO on the kernels takes the one-pass path (chunks of whole sequences: 4 of 6 sequences, then 2)."""
+    calls = _spy_one_pass(monkeypatch, 4)
+    test_kto_matches_reference(True, True, dtype)
+    test_kto_matches_reference(False, False, dtype)
+    assert calls == [2, 2]
 
 
 def _grpo_inputs(dtype, B=5, T=11, H=16, V=53, seed=31):
@@ -450,8 +500,14 @@ def test_grpo_reference_model_and_no_kl():
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("simulated_device", ["cuda-sm90", "rocm-gfx942", "xpu-xe-hpc"], indirect=True)
-def test_grpo_kernel_interpreter(simulated_device):
-    test_grpo_matches_reference("dapo", "token", torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
+def test_grpo_kernel_interpreter(simulated_device, dtype, monkeypatch):
+    """GRPO on the kernels takes the one-pass path (chunks of whole sequences: 2 of 5, 2, then 1),
+    per token and per sequence (GSPO, whose ratio needs the whole sequence)."""
+    calls = _spy_one_pass(monkeypatch, 2)
+    test_grpo_matches_reference("dapo", "token", dtype)
+    test_grpo_matches_reference("grpo", "sequence", dtype)
+    assert calls == [3, 3]
 
 
 

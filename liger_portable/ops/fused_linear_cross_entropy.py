@@ -445,6 +445,58 @@ def fused_linear_cross_entropy(
     return loss, z if lse_square_scale != 0.0 else None
 
 
+# --------------------------------------------------------------------------- autograd: losses of whole sequences in one pass
+# The chunk loop of the preference and RL losses (liger_portable.chunked_loss): the launches above
+# (the logits product, the cross-entropy kernel, the gradient products) reached in another order, with
+# per-token factors that each chunk's own losses decide; no kernel, plan or tuned quantity of its own.
+
+
+def flce_fwd_factors(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+    ignore_index: int, chunks: list[tuple[int, int]], row_factors, want: tuple[bool, bool, bool] = (True, True, True),
+    config: Resolved | None = None, dev=None,
+):
+    """The gradients of ``sum(factors * loss_rows)`` where each chunk's factors depend on its own row
+    losses (plain cross-entropy rows: no smoothing, z-loss or soft cap): three ``BT x H x V``
+    products, where ``reduction="none"`` and a backward take four. For losses of whole sequences
+    (preference pairs), with ``chunks`` holding whole sequences.
+
+    ``chunks``: the ``(start, end)`` rows of each chunk, in order, covering ``hidden``;
+    ``row_factors(start, end, loss_rows)`` returns the chunk's fp32 factors ``(end - start,)`` from its
+    fp32 row losses. Per chunk: the logits, the losses (a loss-only pass of the kernel), the factors,
+    the kernel again writing the gradient of the logits times the factors, and the two gradient
+    products. bf16 and fp32 (fp16 needs the factors' magnitude before the first chunk: use
+    :func:`flce_bwd_recompute`). Returns ``(loss_rows, grad_hidden, grad_weight, grad_bias)``."""
+    if hidden.dtype == torch.float16:
+        raise TypeError("flce_fwd_factors runs bf16 and fp32; fp16 takes flce_fwd and flce_bwd_recompute")
+    dev = dev or device_info(hidden)
+    cfg = config_for(hidden, weight, config, dev)
+    n_rows, n_cols = hidden.shape[0], weight.shape[0]
+    want_h, want_w, want_b = want
+    want_b = want_b and bias is not None
+    n_pad = padded_vocab(n_cols)
+    gh = empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if want_h else None
+    gw_pad = empty((n_pad, weight.shape[1]), dtype=weight.dtype, device=weight.device) if want_w else None
+    gw = None if gw_pad is None else gw_pad[:n_cols]
+    gb = empty(bias.shape, dtype=bias.dtype, device=bias.device) if want_b else None
+    gb32 = empty((n_pad,), dtype=torch.float32, device=bias.device) if want_b else None
+    loss_rows = empty((n_rows,), dtype=torch.float32, device=hidden.device)
+    if n_rows == 0:
+        return loss_rows, gh, None if gw is None else gw.zero_(), None if gb is None else gb.zero_()
+    buf = empty((max(e - s for s, e in chunks), n_pad), dtype=hidden.dtype, device=hidden.device)
+    w_pad, b_pad = _pad_rows(weight, n_pad), _pad_rows(bias, n_pad)
+    for i, (s, e) in enumerate(chunks):
+        hc, tc, (lc,) = _chunk(hidden, target, (loss_rows,), s, e)
+        logits = _logits(buf, hc, w_pad, b_pad)
+        view = logits if n_pad == n_cols else logits[:, :n_cols]
+        ce_rows(view, tc, ignore_index=ignore_index, return_grad=False, out=(lc, None), config=cfg, dev=dev)
+        factors = row_factors(s, e, lc).to(torch.float32).contiguous()
+        ce_rows(view, tc, ignore_index=ignore_index, scale=factors, return_grad=True, out=(lc, None), config=cfg, dev=dev)
+        _accumulate(logits, hc, w_pad, gh, gw_pad, gb32, s, e, i == 0)
+    _finish_(gh, gw, gb, gb32, 1.0, None, dev)
+    return loss_rows, gh, gw, gb
+
+
 # --------------------------------------------------------------------------- specs and examples
 # What the config tables, the tuner and the vendor compile matrix know of these kernels, declared
 # here once. An example builds one problem's inputs from the tuner's Problem ``p`` and launches
