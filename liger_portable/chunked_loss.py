@@ -605,7 +605,7 @@ def fused_linear_kto_loss(
 
 # --------------------------------------------------------------------------- GRPO
 
-GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 
 
 def _k3(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -629,6 +629,27 @@ def _dapo_normalizer(mask: torch.Tensor, num_items_in_batch) -> torch.Tensor:
     return (total / world).clamp(min=1.0)
 
 
+def _sapo_gate(ratio: torch.Tensor, tau: float) -> torch.Tensor:
+    """SAPO's soft gate (arXiv 2511.20347, as TRL computes it): ``4 / tau * sigmoid(tau * (ratio - 1))``."""
+    return torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
+
+
+def _vespo_weight(log_ratio, mask, adv, is_ratio, k_pos, lambda_pos, k_neg, lambda_neg) -> torch.Tensor:
+    """VESPO's detached gamma weight per sequence ``(k, 1)``, as TRL's ``get_gamma_weights``: ``w`` the
+    sequence's ratio (its masked per-token log-ratios clamped to [-20, 20] and summed, plus the logs of
+    the sampler's ``is_ratio``, clamped to [log 1e-8, 20]), ``phi = exp(lambda + k log w - lambda w)``
+    (1 at ``w = 1``), non-finite values taken as 0."""
+    floor = math.log(1e-8)
+    seq = (log_ratio.clamp(-20.0, 20.0) * mask).sum(-1, keepdim=True)
+    if is_ratio is not None:
+        seq = seq + torch.log(is_ratio).clamp(floor, 20.0).sum(-1, keepdim=True)
+    log_w = seq.clamp(floor, 20.0)
+    nonneg = adv >= 0
+    k = torch.where(nonneg, k_pos, k_neg)
+    lam = torch.where(nonneg, lambda_pos, lambda_neg).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
 def fused_linear_grpo_loss(
     _input: torch.Tensor, weight: torch.Tensor, selected_token_ids: torch.Tensor, attention_mask: torch.Tensor,
     advantages: torch.Tensor, bias: torch.Tensor | None = None, *, ref_per_token_logps: torch.Tensor | None = None,
@@ -636,7 +657,9 @@ def fused_linear_grpo_loss(
     ref_weight: torch.Tensor | None = None, ref_bias: torch.Tensor | None = None, num_items_in_batch=None,
     beta: float = 0.04, epsilon_low: float = 0.2, epsilon_high: float = 0.2, loss_type: str = "dapo",
     max_completion_length: int | None = None, importance_sampling_level: str = "token", temperature: float = 1.0,
-    use_ref_model: bool = True, delta: float | None = None,
+    use_ref_model: bool = True, delta: float | None = None, sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05, vllm_is_ratio: torch.Tensor | None = None, use_bias_correction_kl: bool = False,
+    vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0, vespo_lambda_neg: float = 2.0,
 ):
     """GRPO's clipped policy loss with its KL term on the LM head, as TRL's GRPOTrainer computes it.
 
@@ -654,8 +677,24 @@ def fused_linear_grpo_loss(
     ``loss_type``: ``grpo`` (each sequence's token mean, averaged over B), ``bnpo`` (the batch's token
     mean), ``dr_grpo`` (the sum over B x ``max_completion_length``), ``dapo`` (the sum over the
     generation batch's tokens, ``num_items_in_batch``, else this batch's summed over processes).
-    Returns ``(loss, metrics)``: metrics is ``(mean KL, clipped fraction)``, the KL left out when
-    ``beta`` is 0 (liger-kernel's order)."""
+
+    The other policy terms, as TRL writes them (token-level ratios only):
+
+    * ``cispo`` (MiniMax-M1): ``-min(ratio, epsilon_high).detach() * A * logp``, normalised as dapo;
+    * ``sapo`` (arXiv 2511.20347): the clip replaced by the gate ``4 / tau * sigmoid(tau * (ratio - 1))``,
+      ``tau`` = ``sapo_temperature_pos`` for ``A > 0`` else ``sapo_temperature_neg``: ``-gate * A``,
+      normalised as grpo;
+    * ``luspo``: the clipped term of grpo, each token weighted by its sequence's length and the sum
+      divided by ``B x T`` (TRL's ``(loss * mask.sum(1, keepdim=True)).mean()``, padding included);
+    * ``vespo``: ``-phi * A * logp`` with the detached gamma weight ``phi(w) = exp(lambda + k log w -
+      lambda w)`` of the sequence's ratio ``w`` (its summed, clamped log-ratios, with ``vllm_is_ratio``'s
+      logs added), ``k, lambda`` = ``vespo_k_pos, vespo_lambda_pos`` for ``A >= 0`` else the ``_neg``
+      pair; normalised as dapo.
+
+    ``vllm_is_ratio`` (``(B, T)`` or ``(B, 1)``, the sampler's importance ratio) multiplies the policy
+    term (vespo folds it into ``phi``); ``use_bias_correction_kl`` multiplies the KL term by the
+    unclipped ratio (DeepSeek-V3.2). Returns ``(loss, metrics)``: metrics is ``(mean KL, clipped
+    fraction)``, the KL left out when ``beta`` is 0 (liger-kernel's order; sapo and vespo clip nothing)."""
     check_choice("loss_type", loss_type, GRPO_LOSS_TYPES)
     check_choice("importance_sampling_level", importance_sampling_level, ("token", "sequence"))
     beta = check_real("beta", beta)
@@ -665,8 +704,17 @@ def fused_linear_grpo_loss(
         raise ValueError(f"temperature must be positive, got {temperature!r}")
     if loss_type == "dr_grpo" and (not is_integer(max_completion_length) or max_completion_length < 1):
         raise ValueError(f"loss_type='dr_grpo' needs max_completion_length (a positive int), got {max_completion_length!r}")
+    if importance_sampling_level == "sequence" and loss_type in ("cispo", "sapo", "vespo"):
+        raise ValueError(f"loss_type={loss_type!r} takes token-level ratios: use importance_sampling_level='token'")
+    sapo_pos, sapo_neg = check_real("sapo_temperature_pos", sapo_temperature_pos), check_real("sapo_temperature_neg", sapo_temperature_neg)
+    if not (sapo_pos > 0 and sapo_neg > 0):
+        raise ValueError(f"sapo_temperature_pos and sapo_temperature_neg must be positive, got {sapo_pos!r}, {sapo_neg!r}")
+    vespo = tuple(check_real(name, v) for name, v in (("vespo_k_pos", vespo_k_pos), ("vespo_lambda_pos", vespo_lambda_pos),
+                                                       ("vespo_k_neg", vespo_k_neg), ("vespo_lambda_neg", vespo_lambda_neg)))
     _check_sequences(_input, selected_token_ids=selected_token_ids, attention_mask=attention_mask)
     shape = tuple(_input.shape[:2])
+    if vllm_is_ratio is not None and (not isinstance(vllm_is_ratio, torch.Tensor) or tuple(vllm_is_ratio.shape) not in (shape, (shape[0], 1))):
+        raise ValueError(f"vllm_is_ratio must have shape {shape} or {(shape[0], 1)} (per token or per sequence)")
     if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) != shape[:1]:
         raise ValueError(f"advantages must have shape {shape[:1]} (one per sequence)")
 
@@ -697,8 +745,12 @@ def fused_linear_grpo_loss(
                              "ref_weight; or beta=0 / use_ref_model=False")
     old_given = None if old_per_token_logps is None else old_per_token_logps.detach().to(dtype)
     delta = None if delta is None else check_real("delta", delta)
-    if loss_type == "grpo":
+    is_ratio = None if vllm_is_ratio is None else vllm_is_ratio.detach().to(dtype)
+    if loss_type in ("grpo", "sapo"):
         lengths = mask.sum(-1).clamp(min=1.0)
+    elif loss_type == "luspo":
+        seq_weight = mask.sum(-1, keepdim=True)
+        normaliser = shape[0] * shape[1]
     elif loss_type == "bnpo":
         normaliser = mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
@@ -707,25 +759,44 @@ def fused_linear_grpo_loss(
         normaliser = _dapo_normalizer(attention_mask, num_items_in_batch)
 
     def per_token(logp, rows):
-        """(masked per-token loss, ratio, k3 KL or None) of the sequences ``rows``."""
-        m = mask[rows]
+        """(per-token loss, clipped-token flags, k3 KL or None) of the sequences ``rows``."""
+        m, a = mask[rows], adv[rows]
         old = logp.detach() if old_given is None else old_given[rows]
-        log_ratio = logp - old
+        token_log_ratio = logp - old
+        log_ratio = token_log_ratio
         if importance_sampling_level == "sequence":
             log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)
         ratio = torch.exp(log_ratio)
-        clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-        unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
-        loss = -torch.min(unclipped * adv[rows], clipped * adv[rows])
+        low = high = torch.zeros_like(ratio, dtype=torch.bool)
+        if loss_type == "cispo":
+            loss = -torch.clamp(ratio, max=epsilon_high).detach() * a * logp
+            high = ratio > epsilon_high
+        elif loss_type == "sapo":
+            gate = torch.where(a > 0, _sapo_gate(ratio, sapo_pos), _sapo_gate(ratio, sapo_neg))
+            loss = -gate * a
+        elif loss_type == "vespo":
+            loss = -_vespo_weight(token_log_ratio.detach(), m, a, None if is_ratio is None else is_ratio[rows], *vespo) * a * logp
+        else:
+            clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+            unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
+            loss = -torch.min(unclipped * a, clipped * a)
+            low, high = ratio < 1 - epsilon_low, ratio > 1 + epsilon_high
+        if is_ratio is not None and loss_type != "vespo":
+            loss = loss * is_ratio[rows]
         kl = None
         if ref is not None:
             kl = _k3(ref[rows], logp)
+            if use_bias_correction_kl:
+                kl = kl * ratio
             loss = loss + beta * kl
-        return loss * m, ratio, kl
+        return loss, (low & (a < 0)) | (high & (a > 0)), kl
 
     def total(logp, rows):
-        masked = per_token(logp, rows)[0]
-        if loss_type == "grpo":
+        loss = per_token(logp, rows)[0]
+        if loss_type == "luspo":  # TRL's: every position, weighted by its sequence's length
+            return (loss * seq_weight[rows]).sum() / normaliser
+        masked = loss * mask[rows]
+        if loss_type in ("grpo", "sapo"):
             return (masked.sum(-1) / lengths[rows]).sum() / shape[0]
         return masked.sum() / normaliser
 
@@ -740,10 +811,9 @@ def fused_linear_grpo_loss(
                                  lambda tokens, rows: total(tokens[:, 0], rows), *plan)
         logp = tokens[:, 0]
     with torch.no_grad():
-        _, ratio, kl = per_token(logp.detach(), slice(None))
+        _, is_clipped, kl = per_token(logp.detach(), slice(None))
     count = mask.sum().clamp(min=1.0)
     metrics = [] if beta == 0.0 else [(kl * mask).sum() / count if kl is not None else logp.new_zeros(())]
-    is_clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
     metrics.append((is_clipped.expand_as(mask) * mask).sum() / count)
     return loss, tuple(m.detach() for m in metrics)
 
@@ -1087,36 +1157,44 @@ class LigerFusedLinearKTOLoss(_PreferenceLoss):
 
 
 class LigerFusedLinearGRPOLoss(_PreferenceLoss):
-    """GRPO on the LM head (see :func:`fused_linear_grpo_loss`), with liger-kernel's arguments for the
-    loss types ``grpo``, ``bnpo``, ``dr_grpo`` and ``dapo``.
+    """GRPO on the LM head (see :func:`fused_linear_grpo_loss`), with liger-kernel's arguments, in its
+    order, for every loss type it has (``grpo``, ``bnpo``, ``dr_grpo``, ``dapo``, ``cispo``, ``sapo``,
+    ``luspo``, ``vespo``).
 
     ``forward(_input, lin_weight, selected_token_ids, attention_mask, advantages, bias=None,
     ref_per_token_logps=None, old_per_token_logps=None, ref_input=None, ref_weight=None, ref_bias=None,
-    num_items_in_batch=None)``.
+    vllm_is_ratio=None, num_items_in_batch=None)``.
     """
 
     def __init__(
         self, beta: float = 0.04, compiled: bool = True, use_ref_model: bool = True, chunk_size: int = 1,
         epsilon_low: float = 0.2, epsilon_high: float = 0.2, loss_type: str = "dapo",
         max_completion_length: int | None = None, importance_sampling_level: str = "token",
-        temperature: float = 1.0, delta: float | None = None,
+        sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05, temperature: float = 1.0,
+        delta: float | None = None, use_bias_correction_kl: bool = False, vespo_k_pos: float = 2.0,
+        vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0, vespo_lambda_neg: float = 2.0,
     ):
         super().__init__()
         check_choice("loss_type", loss_type, GRPO_LOSS_TYPES)
         self.beta, self.compiled, self.use_ref_model, self.chunk_size = beta, compiled, use_ref_model, chunk_size
         self.epsilon_low, self.epsilon_high, self.loss_type = epsilon_low, epsilon_high, loss_type
         self.max_completion_length, self.importance_sampling_level = max_completion_length, importance_sampling_level
-        self.temperature, self.delta = temperature, delta
+        self.sapo_temperature_pos, self.sapo_temperature_neg = sapo_temperature_pos, sapo_temperature_neg
+        self.temperature, self.delta, self.use_bias_correction_kl = temperature, delta, use_bias_correction_kl
+        self.vespo_k_pos, self.vespo_lambda_pos = vespo_k_pos, vespo_lambda_pos
+        self.vespo_k_neg, self.vespo_lambda_neg = vespo_k_neg, vespo_lambda_neg
 
     def forward(self, _input, lin_weight, selected_token_ids, attention_mask, advantages, bias=None,
                 ref_per_token_logps=None, old_per_token_logps=None, ref_input=None, ref_weight=None, ref_bias=None,
-                num_items_in_batch=None):
+                vllm_is_ratio=None, num_items_in_batch=None):
         return fused_linear_grpo_loss(
             _input, lin_weight, selected_token_ids, attention_mask, advantages, bias,
             ref_per_token_logps=ref_per_token_logps, old_per_token_logps=old_per_token_logps, ref_input=ref_input,
-            ref_weight=ref_weight, ref_bias=ref_bias, num_items_in_batch=num_items_in_batch,
+            ref_weight=ref_weight, ref_bias=ref_bias, vllm_is_ratio=vllm_is_ratio, num_items_in_batch=num_items_in_batch,
             **self._options(("beta", "epsilon_low", "epsilon_high", "loss_type", "max_completion_length",
-                             "importance_sampling_level", "temperature", "use_ref_model", "delta")),
+                             "importance_sampling_level", "temperature", "use_ref_model", "delta",
+                             "sapo_temperature_pos", "sapo_temperature_neg", "use_bias_correction_kl",
+                             "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")),
         )
 
 

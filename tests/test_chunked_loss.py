@@ -434,7 +434,7 @@ def _grpo_inputs(dtype, B=5, T=11, H=16, V=53, seed=31):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize("loss_type", C.GRPO_LOSS_TYPES)
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_grpo_matches_reference(loss_type, level, dtype):
     """TRL's GRPO loss written out again from float64 logits divided by the temperature. The
     temperature divides hidden and bias in their dtype (documented): the reference starts from
@@ -477,6 +477,59 @@ def test_grpo_matches_reference(loss_type, level, dtype):
     _check(loss, aux, (hl, wl, bl), want.detach(), [x.detach() for x in want_aux], (hd, wd, bd), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "luspo", "vespo"])
+def test_grpo_other_loss_types_match_reference(loss_type, dtype):
+    """CISPO, SAPO, LUSPO and VESPO as TRL writes them, from float64 logits; SAPO with the sampler's
+    per-token importance ratio and the bias-corrected KL, VESPO with a per-sequence one."""
+    h, w, b, ids, mask, adv, old, ref = _grpo_inputs(dtype)
+    B, T = ids.shape
+    beta, lo, hi = 0.1, 0.2, 0.28
+    hd, wd, bd = _leaves(h, w, b)
+    logp = torch.log_softmax(hd @ wd.T + bd, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    offsets = torch.tensor([-0.5, -0.5, -0.05, 0.12, 0.5], dtype=torch.float64)[:, None]  # away from the bounds
+    adv = torch.tensor([1.0, -0.7, 0.4, -1.2, 0.8])
+    old = (logp.detach() - offsets).float()
+    ratio = torch.exp(logp - old.double())
+    a, m = adv.double().unsqueeze(1), mask.double()
+    kl = torch.exp(ref.double() - logp) - (ref.double() - logp) - 1
+    g = torch.Generator().manual_seed(5)
+    is_ratio = {"sapo": 0.5 + torch.rand(B, T, generator=g), "vespo": 0.5 + torch.rand(B, 1, generator=g)}.get(loss_type)
+    clipped = torch.zeros_like(m, dtype=torch.bool)
+    if loss_type == "cispo":  # MiniMax-M1: the clipped ratio, detached, weighs the log-probability
+        per = -ratio.clamp(max=hi).detach() * a * logp
+        clipped = (ratio > hi) & (a > 0)
+    elif loss_type == "sapo":  # a soft gate instead of the clip, one temperature per advantage sign
+        tau = torch.where(a > 0, 1.0, 1.05).double()
+        per = -(torch.sigmoid(tau * (ratio - 1)) * 4 / tau) * a * is_ratio.double()
+    elif loss_type == "luspo":
+        per = -torch.min(ratio * a, ratio.clamp(1 - lo, 1 + hi) * a)
+        clipped = ((ratio < 1 - lo) & (a < 0)) | ((ratio > 1 + hi) & (a > 0))
+    else:  # vespo: the detached gamma weight of the sequence's ratio (sampler's ratio folded in)
+        log_w = ((logp.detach() - old.double()).clamp(-20, 20) * m).sum(-1, keepdim=True)
+        log_w = (log_w + is_ratio.double().log().clamp(math.log(1e-8), 20).sum(-1, keepdim=True)).clamp(math.log(1e-8), 20)
+        k, lam = torch.where(a >= 0, 2.0, 3.0).double(), torch.where(a >= 0, 3.0, 2.0).double()
+        per = -torch.exp(lam + k * log_w - lam * log_w.exp()) * a * logp
+    kl_term = kl * ratio if loss_type == "sapo" else kl  # sapo: with the bias-corrected KL
+    per = per + beta * kl_term
+    want = {
+        "cispo": lambda: (per * m).sum() / m.sum(),
+        "sapo": lambda: ((per * m).sum(-1) / m.sum(-1)).mean(),
+        "luspo": lambda: (per * m.sum(-1, keepdim=True)).sum() / (B * T),
+        "vespo": lambda: (per * m).sum() / m.sum(),
+    }[loss_type]()
+    want.backward()
+    want_aux = [(kl_term * m).sum() / m.sum(), (clipped * m).sum() / m.sum()]
+    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    module = lnn.LigerFusedLinearGRPOLoss(beta=beta, epsilon_low=lo, epsilon_high=hi, loss_type=loss_type,
+                                          use_bias_correction_kl=loss_type == "sapo")
+    loss, aux = module(hl, wl, ids, mask, adv, bl, ref, old, None, None, None, is_ratio)
+    loss.backward()
+    _check(loss, aux, (hl, wl, bl), want.detach(), [x.detach() for x in want_aux], (hd, wd, bd), dtype)
+    with pytest.raises(ValueError, match="token-level"):
+        C.fused_linear_grpo_loss(h, w, ids, mask, adv, beta=0.0, loss_type="sapo", importance_sampling_level="sequence")
+
+
 def test_grpo_reference_model_and_no_kl():
     """The reference's per-token log-probabilities from its head equal passing them; beta=0 drops
     the KL metric; delta clamps the unclipped ratio."""
@@ -493,7 +546,7 @@ def test_grpo_reference_model_and_no_kl():
     with pytest.raises(ValueError, match="max_completion_length"):
         C.fused_linear_grpo_loss(h, w, ids, mask, adv, beta=0.0, loss_type="dr_grpo")
     with pytest.raises(ValueError, match="loss_type"):
-        C.fused_linear_grpo_loss(h, w, ids, mask, adv, beta=0.0, loss_type="cispo")
+        C.fused_linear_grpo_loss(h, w, ids, mask, adv, beta=0.0, loss_type="ppo")
     with pytest.raises(ValueError, match="advantages"):
         C.fused_linear_grpo_loss(h, w, ids, mask, adv[:2], beta=0.0)
 
@@ -503,11 +556,13 @@ def test_grpo_reference_model_and_no_kl():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
 def test_grpo_kernel_interpreter(simulated_device, dtype, monkeypatch):
     """GRPO on the kernels takes the one-pass path (chunks of whole sequences: 2 of 5, 2, then 1),
-    per token and per sequence (GSPO, whose ratio needs the whole sequence)."""
+    per token and per sequence (GSPO and VESPO, whose ratio and weight need the whole sequence)."""
     calls = _spy_one_pass(monkeypatch, 2)
     test_grpo_matches_reference("dapo", "token", dtype)
     test_grpo_matches_reference("grpo", "sequence", dtype)
-    assert calls == [3, 3]
+    test_grpo_other_loss_types_match_reference("vespo", dtype)  # a weight of the whole sequence
+    test_grpo_other_loss_types_match_reference("luspo", dtype)
+    assert calls == [3, 3, 3, 3]
 
 
 
