@@ -872,31 +872,38 @@ def _chunk_terms(s, t, labels, keep, beta: float, temperature: float, w_hard: fl
     return hard, soft, dlogits.to(grad_dtype), dlogits.sum(0) if need_bias else None
 
 
-_compiled_terms = None
+# Whether the distillation chunk (:func:`_chunk_terms`) runs compiled by torch.compile: None, on GPUs
+# only (the CPU would pay seconds of compilation per new option set for little); True or False, always
+# or never (the tests compile it on the CPU).
+COMPILE_CHUNK: bool | None = None
+
+# The compiled chunk once made (None before); False after a compiler failure (the eager chunk from then on).
+compiled_chunk = None
 
 
 def _terms_fn(device: torch.device):
-    """:func:`_chunk_terms` for tensors on ``device``: compiled by torch.compile on a GPU (its
-    row-sized passes fused into a few kernels, without the chunk-sized float32 intermediates), as it
-    is on the CPU or where the compiler failed once (a warning says so)."""
-    global _compiled_terms
-    if device.type == "cpu" or _compiled_terms is False:
+    """:func:`_chunk_terms` for tensors on ``device``: compiled by torch.compile (its row-sized passes
+    fused into a few kernels, without the chunk-sized float32 intermediates) where
+    :data:`COMPILE_CHUNK` says so, else as it is; eager, with a warning, once the compiler failed."""
+    global compiled_chunk
+    compile_here = COMPILE_CHUNK if COMPILE_CHUNK is not None else device.type != "cpu"
+    if not compile_here or compiled_chunk is False:
         return _chunk_terms
-    if _compiled_terms is None:
+    if compiled_chunk is None:
         compiled = torch.compile(_chunk_terms, dynamic=False)
 
         def terms(*args):
-            global _compiled_terms
+            global compiled_chunk
             try:
                 return compiled(*args)
             except torch._dynamo.exc.BackendCompilerFailed as e:
                 warnings.warn(f"torch.compile failed on the distillation loss's chunk ({type(e).__name__}: "
                               f"{str(e).splitlines()[0]}); running it eagerly, with more memory", stacklevel=2)
-                _compiled_terms = False
+                compiled_chunk = False
                 return _chunk_terms(*args)
 
-        _compiled_terms = terms
-    return _compiled_terms
+        compiled_chunk = terms
+    return compiled_chunk
 
 
 class _FusedLinearDistillation(torch.autograd.Function):

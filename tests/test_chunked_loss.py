@@ -616,6 +616,37 @@ def test_distillation_matches_reference(beta, tau, dtype):
     _check(loss, [soft, hard], (hl, wl, bl), want_loss, [want_soft, want_hard], want_leaves, dtype)
 
 
+def test_distillation_compiled_chunk(monkeypatch):
+    """The chunk compiled by torch.compile (as on GPUs; here Inductor's CPU code) against the formulas
+    from float64 logits, a partial last chunk included; a compiler failure falls back to the eager
+    chunk with a warning."""
+    monkeypatch.setattr(C, "COMPILE_CHUNK", True)
+    monkeypatch.setattr(C, "compiled_chunk", None)
+    h, w, b, th, tw, tb, y = _distill_inputs(torch.float32)
+    want, want_soft, want_hard, leaves = _distill_reference(h, w, b, th, tw, tb, y, 0.3, 0.7, 0.4, 0.6)
+    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    loss, soft, hard = C.fused_linear_distillation_loss(
+        hl, wl, y, bl, teacher_input=th, teacher_weight=tw, teacher_bias=tb, beta=0.3, temperature=0.7,
+        weight_hard_loss=0.4, weight_soft_loss=0.6, chunk_size=16, return_soft_hard_loss=True)
+    loss.backward()
+    assert callable(C.compiled_chunk)  # the compiled chunk ran
+    _check(loss, [soft, hard], (hl, wl, bl), want, [want_soft, want_hard], leaves, torch.float32)
+
+    def failing(fn, **kwargs):
+        def run(*args):
+            raise torch._dynamo.exc.BackendCompilerFailed(fn, RuntimeError("no compiler here"), None)
+        return run
+
+    monkeypatch.setattr(C, "compiled_chunk", None)
+    monkeypatch.setattr(torch, "compile", failing)
+    hl.grad = None
+    with pytest.warns(UserWarning, match="running it eagerly"):
+        again = C.fused_linear_distillation_loss(
+            hl, wl, y, bl, teacher_input=th, teacher_weight=tw, teacher_bias=tb, beta=0.3, temperature=0.7,
+            weight_hard_loss=0.4, weight_soft_loss=0.6, chunk_size=16)
+    assert C.compiled_chunk is False and rel_err(again, want) <= 1e-5
+
+
 def test_distillation_teacher_logits_and_scaling():
     """Teacher logits passed in give what the teacher head gives; the gradients scale with the
     incoming gradient; without gradients nothing is computed for them; errors name the argument."""
