@@ -179,14 +179,14 @@ def _paired_loss(
     ``pairs`` (a slice) from their sequence log-probabilities.
 
     On the kernels, for a scalar loss that needs gradients, one pass computes them with three
-    ``tokens x hidden x vocabulary`` products (:func:`_single_pass`); otherwise the log-probabilities
+    ``tokens x hidden x vocabulary`` products (:func:`_paired_one_pass`); otherwise the log-probabilities
     come from the fused cross-entropy with ``reduction="none"`` and autograd (four products)."""
     _check_pairs("_input", hidden, target)
     if not is_integer(ignore_index):
         raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
-    plan = _single_pass_plan(hidden, weight, target, bias, int(ignore_index), reduction, 2 * hidden.shape[1], nll_target)
+    plan = _one_pass_plan(hidden, weight, target, bias, int(ignore_index), reduction, 2 * hidden.shape[1], nll_target)
     if plan is not None:
-        return _single_pass(hidden, weight, target, bias, int(ignore_index), average_log_prob, compute_nll_loss,
+        return _paired_one_pass(hidden, weight, target, bias, int(ignore_index), average_log_prob, compute_nll_loss,
                             alpha, reduction, pair_fn, *plan)
     chosen, rejected, nll, nll_pairs, means = _pairs(
         hidden, weight, target, bias, ignore_index=ignore_index, average_log_prob=average_log_prob,
@@ -196,7 +196,7 @@ def _paired_loss(
     return _reduce(losses, nll, nll_pairs, alpha, reduction), chosen, rejected, means, nll, aux
 
 
-def _single_pass_plan(hidden, weight, target, bias, ignore_index, reduction, group_rows: int, nll_target=None):
+def _one_pass_plan(hidden, weight, target, bias, ignore_index, reduction, group_rows: int, nll_target=None):
     """``(device info, groups per chunk)`` where the one-pass path (:func:`_one_pass`) applies, else
     None: the kernels run these tensors (bf16 or fp32), the loss is a scalar that needs gradients,
     not under torch.compile (whose graph takes the fused cross-entropy's ops), no separate NLL
@@ -208,10 +208,10 @@ def _single_pass_plan(hidden, weight, target, bias, ignore_index, reduction, gro
         return None
     if hidden.dtype not in (torch.bfloat16, torch.float32) or hidden.numel() == 0:
         return None
+    if flce_kernel_device(hidden, hidden.device) is None:
+        return None  # the fallback path checks the arguments itself
     _, _, _, _, _, device = check_flce_args(hidden, weight, target, bias, ignore_index, "mean", 0.0, 0.0, None, False, None)
     dev = flce_kernel_device(hidden, device)
-    if dev is None:
-        return None
     n_pad, elt = _flce_ops.padded_vocab(weight.shape[0]), hidden.element_size()
     budget = max(weight.numel() * elt, 2**30)
     if group_rows * n_pad * elt > budget:
@@ -230,7 +230,7 @@ GROUPS_PER_CHUNK: int | None = None
 
 
 class _Collect:
-    """The per-chunk loss of a one-pass loss (:func:`_single_pass`) over groups of sequences (a pair
+    """The per-chunk loss of a one-pass loss (:func:`_paired_one_pass`) over groups of sequences (a pair
     is a group of two): gives each chunk's tokens their factor, the gradient of ``loss_fn`` in their
     cross-entropy, and keeps every token's log-probability and the summed loss.
 
@@ -256,7 +256,7 @@ class _Collect:
         return factors.reshape(-1)
 
 
-class _SinglePass(torch.autograd.Function):
+class _OnePass(torch.autograd.Function):
     """The loss of :class:`_Collect` over chunks of whole pairs, its gradients computed in the forward
     (:func:`~liger_portable.ops.fused_linear_cross_entropy.flce_fwd_factors`); the backward scales them."""
 
@@ -281,10 +281,10 @@ def _one_pass(rows, weight, bias, target, ignore_index, mask, loss_fn, dev, grou
     collect = _Collect(mask, loss_fn)
     step = mask.shape[1] * mask.shape[2] * groups_per_chunk
     chunks = [(s, min(s + step, target.shape[0])) for s in range(0, target.shape[0], step)]
-    return _SinglePass.apply(rows, weight, bias, target, ignore_index, chunks, collect, dev), collect.tokens
+    return _OnePass.apply(rows, weight, bias, target, ignore_index, chunks, collect, dev), collect.tokens
 
 
-def _single_pass(hidden, weight, target, bias, ignore_index, average, compute_nll, alpha, reduction, pair_fn, dev, pairs):
+def _paired_one_pass(hidden, weight, target, bias, ignore_index, average, compute_nll, alpha, reduction, pair_fn, dev, pairs):
     """:func:`_paired_loss` in one pass over chunks of ``pairs`` whole pairs: the rows are reordered
     pair by pair (chosen 0, rejected 0, chosen 1, ...; a copy of the hidden states), each chunk's
     token losses give its pairs' losses, and their gradient gives each token's factor for the
@@ -294,22 +294,17 @@ def _single_pass(hidden, weight, target, bias, ignore_index, average, compute_nl
     hp = hidden.view(2, n, seq_rows, h).transpose(0, 1).reshape(n2 * seq_rows, h)
     tp = target.view(2, n, seq_rows).transpose(0, 1).reshape(-1)
     mask = (tp != ignore_index).view(n, 2, seq_rows)
-    lengths = mask.sum(-1).clamp(min=1).to(torch.float32)
     count = mask[:, 0].sum().clamp(min=1).to(torch.float32)  # the chosen tokens, for the NLL
     pair_scale = 1.0 / n if reduction == "mean" else 1.0
 
-    def sequences(tokens, pairs):
-        seq = tokens.sum(-1)
-        return seq / lengths[pairs] if average else seq
-
     def loss_fn(tokens, pairs):
-        seq = sequences(tokens, pairs)
+        seq = _sequence_logps(tokens, mask[pairs], average)
         total = pair_fn(seq[:, 0], seq[:, 1], pairs)[0].sum() * pair_scale
         return total - alpha * tokens[:, 0].sum() / count if compute_nll else total
 
     loss, tokens = _one_pass(hp, weight, bias, tp, ignore_index, mask, loss_fn, dev, pairs)
     with torch.no_grad():
-        seq = sequences(tokens, slice(None))
+        seq = _sequence_logps(tokens, mask, average)
         chosen, rejected = seq[:, 0], seq[:, 1]
         _, *aux = pair_fn(chosen, rejected, slice(None))
         nll = -tokens[:, 0].sum() / count if compute_nll else torch.zeros((), device=hidden.device)
@@ -572,22 +567,20 @@ def fused_linear_kto_loss(
                                       average_log_prob).to(dtype)
     sign = torch.where(preference_labels, 1.0, -1.0).to(dtype)
     shift = None if kl is None else kl.detach().to(dtype)
-    lengths = mask.sum(-1).clamp(min=1)
 
     def sequence_losses(logps, seqs):
         ratios = logps if ref is None else logps - ref[seqs]
         shifted = ratios if shift is None else ratios - shift
         return 1 - torch.sigmoid(beta * shifted * sign[seqs]), ratios
 
-    plan = _single_pass_plan(_input, weight, target, bias, ignore_index, reduction, _input.shape[1])
+    plan = _one_pass_plan(_input, weight, target, bias, ignore_index, reduction, _input.shape[1])
     if plan is None:
         logps = _sequence_logps(_token_logps(_input, weight, target, bias, ignore_index), mask, average_log_prob)
         losses, ratios = sequence_losses(logps, slice(None))
         loss = losses if reduction == "none" else losses.sum() / (b if reduction == "mean" else 1)
     else:  # one pass (three products): each chunk of whole sequences gives its tokens their factors
         def loss_fn(tokens, seqs):
-            logps = tokens[:, 0].sum(-1)
-            logps = logps / lengths[seqs] if average_log_prob else logps
+            logps = _sequence_logps(tokens[:, 0], mask[seqs], average_log_prob)
             return sequence_losses(logps, seqs)[0].sum() / (b if reduction == "mean" else 1)
 
         loss, tokens = _one_pass(_input.reshape(-1, _input.shape[-1]), weight, bias, target.reshape(-1), ignore_index,
@@ -718,13 +711,16 @@ def fused_linear_grpo_loss(
     if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) != shape[:1]:
         raise ValueError(f"advantages must have shape {shape[:1]} (one per sequence)")
 
-    h, b = _input, bias
-    if temperature != 1.0:  # the logits over the temperature, by dividing hidden and bias in their dtype
-        h = h / temperature
-        b = None if b is None else b / temperature
+    def over_temperature(h, b):
+        """The logits over the temperature, by dividing hidden and bias in their dtype."""
+        if temperature == 1.0:
+            return h, b
+        return h / temperature, None if b is None else b / temperature
 
     def token_logps(h, w, b):
         return _token_logps(h, w, selected_token_ids, b, -100)
+
+    h, b = over_temperature(_input, bias)
 
     dtype = torch.promote_types(_input.dtype, torch.float32)  # the log-probabilities' and the loss's
     mask = attention_mask.to(dtype)
@@ -735,10 +731,7 @@ def fused_linear_grpo_loss(
             ref = ref_per_token_logps.detach().to(dtype)
         elif ref_input is not None and ref_weight is not None:
             with torch.no_grad():
-                ref_h, ref_b = ref_input, ref_bias
-                if temperature != 1.0:
-                    ref_h = ref_h / temperature
-                    ref_b = None if ref_b is None else ref_b / temperature
+                ref_h, ref_b = over_temperature(ref_input, ref_bias)
                 ref = token_logps(ref_h, ref_weight, ref_b)
         else:
             raise ValueError("beta != 0 with use_ref_model=True needs ref_per_token_logps, or ref_input and "
@@ -801,7 +794,7 @@ def fused_linear_grpo_loss(
         return masked.sum() / normaliser
 
     # Every token is kept (the attention mask weighs them in the loss): no target is ignore_index.
-    plan = _single_pass_plan(h, weight, selected_token_ids, b, -100, "mean", shape[1])
+    plan = _one_pass_plan(h, weight, selected_token_ids, b, -100, "mean", shape[1])
     if plan is None:
         logp = token_logps(h, weight, b)
         loss = total(logp, slice(None))
@@ -952,6 +945,8 @@ class _FusedLinearDistillation(torch.autograd.Function):
             if gb is not None:
                 gb += db
             del d
+        if gw is not None and n == 0:
+            gw.zero_()  # no chunk accumulated into it
         soft, hard = soft_total / valid, hard_total / valid
         ctx.save_for_backward(gh, gw, gb)
         ctx.bias_dtype = None if b is None else b.dtype
