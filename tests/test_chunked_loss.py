@@ -331,10 +331,14 @@ def test_dpo_training_matches_unfused():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids["dtype"])
 @pytest.mark.parametrize("kind", sorted(FUNCTIONS))
-def test_gpu(kind, dtype):
+def test_gpu(kind, dtype, monkeypatch):
+    """Every paired loss on the GPU at a vocabulary above 65536: fp32 and bf16 take the one pass (in
+    chunks of two pairs here), fp16 the two-pass path."""
     dev = torch.device(liger_portable.platform().torch_device_type, 0)
+    calls = _spy_one_pass(monkeypatch, 2)
     h, w, b, t, rh, rw = _inputs(B=4, T=301, H=96, V=70001, dtype=dtype, seed=17, device=dev, empty=kind != "orpo")
     _compare(kind, h, w, b, t, {}, dtype, ref=(rh, rw) if kind == "dpo" else None)
+    assert calls == ([] if dtype == torch.float16 else [2])
 
 
 # --------------------------------------------------------------------------- KTO and GRPO
@@ -343,6 +347,16 @@ def test_gpu(kind, dtype):
 def _leaves(h, w, b):
     return (h.detach().double().requires_grad_(), w.detach().double().requires_grad_(),
             None if b is None else b.detach().double().requires_grad_())
+
+
+def _on(device, *tensors):
+    """The tensors on ``device`` (None stays None)."""
+    return [None if x is None else x.to(device) for x in tensors]
+
+
+def _leaves_on(device, *tensors):
+    """Copies of the tensors on ``device``, as leaves that need gradients."""
+    return [x.to(device, copy=True).requires_grad_() for x in tensors]
 
 
 def _check(loss, aux, leaves, want_loss, want_aux, want_leaves, dtype, aux_scale=None):
@@ -364,7 +378,8 @@ def _check(loss, aux, leaves, want_loss, want_aux, want_leaves, dtype, aux_scale
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
 @pytest.mark.parametrize("use_ref", [False, True], ids=["noref", "ref"])
 @pytest.mark.parametrize("average", [False, True], ids=["sum", "mean"])
-def test_kto_matches_reference(use_ref, average, dtype):
+def test_kto_matches_reference(use_ref, average, dtype, device="cpu"):
+    """KTO from float64 logits; ``device``: where our loss runs (the reference runs on the CPU)."""
     h, w, b, t, rh, rw = _inputs(dtype=dtype, seed=21)
     n = h.shape[0]
     labels = torch.tensor([True, False, True, True, False, False])
@@ -382,9 +397,9 @@ def test_kto_matches_reference(use_ref, average, dtype):
     # a reward is a difference of the policy's and the reference's log-probabilities, each off by its own error
     terms = [seq, seq, per_seq_logits, per_seq_logits, 0.1 * (seq.abs() + ref_seq.abs()), 0.1 * (seq.abs() + ref_seq.abs())]
     scale = [(x.abs() * (labels if i % 2 == 0 else ~labels)).sum().detach() for i, x in enumerate(terms)]
-    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    hl, wl, bl = _leaves_on(device, h, w, b)
     loss, aux = lnn.LigerFusedLinearKTOLoss(beta=0.1, use_ref_model=use_ref, average_log_prob=average)(
-        hl, wl, t, bl, labels, rh, rw, None, kl)
+        hl, wl, *_on(device, t), bl, *_on(device, labels, rh, rw), None, *_on(device, kl))
     loss.backward()
     _check(loss, aux, (hl, wl, bl), want.detach(), [a.detach() for a in want_aux], (hd, wd, bd), dtype, scale)
 
@@ -435,7 +450,7 @@ def _grpo_inputs(dtype, B=5, T=11, H=16, V=53, seed=31):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
-def test_grpo_matches_reference(loss_type, level, dtype):
+def test_grpo_matches_reference(loss_type, level, dtype, device="cpu"):
     """TRL's GRPO loss written out again from float64 logits divided by the temperature. The
     temperature divides hidden and bias in their dtype (documented): the reference starts from
     those rounded quotients, and chains their gradients back to hidden and bias."""
@@ -468,10 +483,10 @@ def test_grpo_matches_reference(loss_type, level, dtype):
     clipped = (((ratio < 1 - lo) & (a < 0)) | ((ratio > 1 + hi) & (a > 0))).expand_as(m)
     want_aux = [(kl * m).sum() / m.sum(), (clipped * m).sum() / m.sum()]
     assert 0 < want_aux[1] < 1  # the inputs exercise the clipping
-    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    hl, wl, bl = _leaves_on(device, h, w, b)
     module = lnn.LigerFusedLinearGRPOLoss(beta=beta, epsilon_low=lo, epsilon_high=hi, loss_type=loss_type,
                                           max_completion_length=T, importance_sampling_level=level, temperature=tau)
-    loss, aux = module(hl, wl, ids, mask, adv, bl, ref, old)
+    loss, aux = module(hl, wl, *_on(device, ids, mask, adv), bl, *_on(device, ref, old))
     loss.backward()
     hd.grad, bd.grad = hd.grad / tau, bd.grad / tau  # d/dh = d/d(h / tau) / tau
     _check(loss, aux, (hl, wl, bl), want.detach(), [x.detach() for x in want_aux], (hd, wd, bd), dtype)
@@ -479,7 +494,7 @@ def test_grpo_matches_reference(loss_type, level, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "luspo", "vespo"])
-def test_grpo_other_loss_types_match_reference(loss_type, dtype):
+def test_grpo_other_loss_types_match_reference(loss_type, dtype, device="cpu"):
     """CISPO, SAPO, LUSPO and VESPO as TRL writes them, from float64 logits; SAPO with the sampler's
     per-token importance ratio and the bias-corrected KL, VESPO with a per-sequence one."""
     h, w, b, ids, mask, adv, old, ref = _grpo_inputs(dtype)
@@ -520,10 +535,11 @@ def test_grpo_other_loss_types_match_reference(loss_type, dtype):
     }[loss_type]()
     want.backward()
     want_aux = [(kl_term * m).sum() / m.sum(), (clipped * m).sum() / m.sum()]
-    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    hl, wl, bl = _leaves_on(device, h, w, b)
     module = lnn.LigerFusedLinearGRPOLoss(beta=beta, epsilon_low=lo, epsilon_high=hi, loss_type=loss_type,
                                           use_bias_correction_kl=loss_type == "sapo")
-    loss, aux = module(hl, wl, ids, mask, adv, bl, ref, old, None, None, None, is_ratio)
+    loss, aux = module(hl, wl, *_on(device, ids, mask, adv), bl, *_on(device, ref, old), None, None, None,
+                       *_on(device, is_ratio))
     loss.backward()
     _check(loss, aux, (hl, wl, bl), want.detach(), [x.detach() for x in want_aux], (hd, wd, bd), dtype)
     with pytest.raises(ValueError, match="token-level"):
@@ -563,6 +579,21 @@ def test_grpo_kernel_interpreter(simulated_device, dtype, monkeypatch):
     test_grpo_other_loss_types_match_reference("vespo", dtype)  # a weight of the whole sequence
     test_grpo_other_loss_types_match_reference("luspo", dtype)
     assert calls == [3, 3, 3, 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
+def test_kto_grpo_gpu(dtype, monkeypatch):
+    """KTO and GRPO with GPU tensors take the one pass (chunks of two sequences) and match the CPU
+    float64 references above."""
+    dev = torch.device(liger_portable.platform().torch_device_type, 0)
+    calls = _spy_one_pass(monkeypatch, 2)
+    test_kto_matches_reference(True, True, dtype, device=dev)
+    test_grpo_matches_reference("dapo", "token", dtype, device=dev)
+    test_grpo_matches_reference("grpo", "sequence", dtype, device=dev)
+    test_grpo_other_loss_types_match_reference("vespo", dtype, device=dev)
+    test_grpo_other_loss_types_match_reference("sapo", dtype, device=dev)
+    assert calls == [3] * 5
 
 
 
