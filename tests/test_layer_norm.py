@@ -7,6 +7,8 @@ forward and all gradients (x, weight, bias), with the dtype's tolerance (fp32 1e
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -238,8 +240,9 @@ def test_kernel_interpreter_frozen_parameters(simulated_device, poison, monkeypa
     b.requires_grad_(trainable in ("bias", "both"))
     x.requires_grad_()
     calls = []
-    real = torch.Tensor.sum
-    monkeypatch.setattr(torch.Tensor, "sum", lambda t, *a, **k: calls.append(1) or real(t, *a, **k))
+    ops = importlib.import_module("liger_portable.ops.layer_norm")  # the sum of the partials, spied on
+    real = ops.sum_partials
+    monkeypatch.setattr(ops, "sum_partials", lambda *a, **k: calls.append(1) or real(*a, **k))
     F.layer_norm(x, w, b, EPS).backward(dy)
     ry, rdx, rdw, rdb = _reference(x, w, b, dy, EPS)
     assert rel_err(x.grad, rdx) <= TOL[torch.bfloat16]
@@ -249,6 +252,31 @@ def test_kernel_interpreter_frozen_parameters(simulated_device, poison, monkeypa
             assert t.grad.dtype == t.dtype and rel_err(t.grad, ref) <= TOL[torch.bfloat16]
         else:
             assert t.grad is None
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("parts,n_cols", [(1, 5), (64, 128), (150, 301)], ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=lambda d: str(d).removeprefix("torch."))
+def test_kernel_interpreter_sum_partials(simulated_device, poison, parts, n_cols, dtype):
+    """The backward's partial sums (one part per backward program, over several of the sum's row
+    blocks and column blocks): each column summed in fp32 and rounded once to its output's dtype;
+    with a bias the columns split into the weight's and the bias's gradient, each in its dtype."""
+    ops = importlib.import_module("liger_portable.ops.layer_norm")
+    partial = torch.randn(parts, 2 * n_cols, dtype=torch.float32) * 3 + 1
+    ref = partial.double().sum(0)
+    dw = ops.empty((n_cols,), dtype=dtype)  # NaN under the poison fixture
+    ops.sum_partials(partial[:, :n_cols].contiguous(), n_cols, dw, None)
+    # fp32: the sum's own rounding only; bf16/fp16: one rounding of it (within half an ulp, 2**-9
+    # or 2**-12 of each element, so within the dtype's tolerance in norm)
+    tol = 1e-6 if dtype == torch.float32 else TOL[dtype]
+    assert rel_err(dw, ref[:n_cols]) <= tol
+    slack = 1e-6 * partial[:, :n_cols].double().abs().sum(0)  # the fp32 sum's own error
+    assert ((dw.double() - ref[:n_cols]).abs() <= ref[:n_cols].abs() * torch.finfo(dtype).eps + slack).all()
+    dw, db = ops.empty((n_cols,), dtype=dtype), ops.empty((n_cols,), dtype=torch.float32)
+    ops.sum_partials(partial, n_cols, dw, db)
+    assert dw.dtype == dtype and db.dtype == torch.float32
+    assert rel_err(dw, ref[:n_cols]) <= tol
+    assert rel_err(db, ref[n_cols:]) <= 1e-6
 
 
 @pytest.mark.interpreter

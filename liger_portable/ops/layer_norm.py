@@ -12,8 +12,9 @@ are saved for the backward.
 
 Backward: a persistent grid of ``PROGRAMS_PER_CU`` programs per compute unit; each walks its share
 of the rows, writes dx and accumulates the weight (and bias) gradient of its rows in fp32, then
-writes one partial row ``[dW | dB]``; the partials are summed after the launch (one reduction over
-``num_programs`` rows, small). Each step issues the loads of the program's next row block before it
+writes one partial row ``[dW | dB]``; a second small kernel sums the partials (``num_programs``
+rows) into the weight and bias gradients in their dtypes (one launch where aten's sum, slices and
+casts took four to five). Each step issues the loads of the program's next row block before it
 reduces the current one (a register double buffer: without it a program's loads and its reductions
 took turns, 67% of the copy bandwidth at 4096 columns on an H200 against 80% with it). A row that a
 power-of-two tile would leave mostly masked is held as two tiles (5120 = 4096 + 1024), which keeps
@@ -217,6 +218,30 @@ def _layer_norm_bwd_kernel(
                     tl.store(db_row + cc, part_b + tl.sum(dy, axis=0), mask=col_mask)
 
 
+@triton.jit
+def _sum_partials_kernel(
+    P, stride_p, n_parts, n_cols, DW, DB,
+    HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Column sums of the backward's fp32 partials ``P`` (``n_parts`` rows ``[dW | dB]``), each
+    rounded once to its output's dtype: ``DW`` from the first ``n_cols`` columns and, with a bias,
+    ``DB`` from the next ``n_cols``. A program sums ``BLOCK_C`` columns over every part, in a fixed
+    order (deterministic)."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    width = 2 * n_cols if HAS_BIAS else n_cols
+    col_mask = cols < width
+    parts = tl.arange(0, BLOCK_P)
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    for start in range(0, n_parts, BLOCK_P):
+        r = (start + parts).to(tl.int64)
+        mask = (r < n_parts)[:, None] & col_mask[None, :]
+        acc += tl.load(P + r[:, None] * stride_p + cols[None, :], mask=mask, other=0.0)
+    s = tl.sum(acc, axis=0)
+    tl.store(DW + cols, s.to(DW.dtype.element_ty), mask=cols < n_cols)
+    if HAS_BIAS:
+        tl.store(DB + (cols - n_cols), s.to(DB.dtype.element_ty), mask=(cols >= n_cols) & col_mask)
+
+
 def split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
     """``(BLOCK_N, TAIL_N, SINGLE_PASS)`` for a row of ``n_cols``.
 
@@ -236,6 +261,25 @@ def split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
 
 launch_fwd = Launcher(_layer_norm_fwd_kernel)
 launch_bwd = Launcher(_layer_norm_bwd_kernel)
+launch_sum = Launcher(_sum_partials_kernel)
+
+# The sum's launch: one small fixed tile on every vendor (the partials are a few MB at most; 4 warps
+# of 32 or 64 lanes hold the 64 x 128 fp32 accumulator in 32-64 registers a lane).
+_SUM_BLOCK_C = 128
+_SUM_CONSTS = tuple({"HAS_BIAS": has_bias, "BLOCK_P": 64, "BLOCK_C": _SUM_BLOCK_C} for has_bias in (False, True))
+_SUM_OPTIONS = {"num_warps": 4}
+
+
+def sum_partials(partial: torch.Tensor, n_cols: int, dw: torch.Tensor, db: torch.Tensor | None) -> None:
+    """Write the column sums of the backward's fp32 ``partial`` (programs x ``[dW | dB]``) into
+    ``dw`` and ``db`` (None: no bias columns) in their dtypes: one launch, where aten's sum, two
+    slices and a cast per gradient took four to five."""
+    width = n_cols if db is None else 2 * n_cols
+    launch_sum(
+        (triton.cdiv(width, _SUM_BLOCK_C),),
+        (partial, partial.stride(0), partial.shape[0], n_cols, dw, dw if db is None else db),
+        _SUM_CONSTS[db is not None], _SUM_OPTIONS,
+    )
 
 
 def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
@@ -289,22 +333,14 @@ def layer_norm_bwd(
     """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension.
 
     ``config`` overrides the resolved launch config. Returns ``(dx, dweight, dbias)`` in the
-    dtypes of ``x``, ``weight`` and ``bias``; ``dbias`` is None when ``bias`` is None. When
-    weight and bias share a dtype, ``dweight`` and ``dbias`` are views of one buffer (one cast).
+    dtypes of ``x``, ``weight`` and ``bias``; ``dbias`` is None when ``bias`` is None.
     """
-    dx, sums = _bwd(dy, x, weight, bias, mean, rstd, config, dev)
-    n_cols = x.shape[1]
-    if bias is not None and bias.dtype == weight.dtype:
-        sums = sums.to(weight.dtype)  # one cast for both
-        return dx, sums[:n_cols], sums[n_cols:]
-    dw = sums[:n_cols].to(weight.dtype)
-    db = sums[n_cols:].to(bias.dtype) if bias is not None else None
-    return dx, dw, db
+    return _bwd(dy, x, weight, bias, mean, rstd, config, dev)
 
 
-def _bwd(dy, x, weight, bias, mean, rstd, config, dev, sum_partials: bool = True):
-    """The backward launch: ``(dx, fp32 sums)``, the sums being the weight gradient followed by the
-    bias gradient when there is a bias (None with ``sum_partials=False``)."""
+def _bwd(dy, x, weight, bias, mean, rstd, config, dev, need_sums: bool = True):
+    """The backward launches: ``(dx, dweight, dbias)`` (``dbias`` None without a bias; both None
+    with ``need_sums=False``: the partials are not summed)."""
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
@@ -324,7 +360,12 @@ def _bwd(dy, x, weight, bias, mean, rstd, config, dev, sum_partials: bool = True
         ),
         by_bias[has_bias], opts,
     )
-    return dx, partial.sum(0) if sum_partials else None
+    if not need_sums:
+        return dx, None, None
+    dw = empty((n_cols,), dtype=weight.dtype, device=x.device)
+    db = None if bias is None else empty((n_cols,), dtype=bias.dtype, device=x.device)
+    sum_partials(partial, n_cols, dw, db)
+    return dx, dw, db
 
 
 # --------------------------------------------------------------------------- autograd
@@ -357,13 +398,9 @@ def layer_norm_backward_op(
     mean: torch.Tensor, rstd: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dx, dweight, dbias)``; ``dbias`` has no elements when ``bias`` is None (an op's outputs
-    cannot be None, nor alias each other: the bias gradient is copied apart then)."""
+    cannot be None)."""
     dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd)
-    if db is None:
-        db = weight.new_empty((0,))
-    elif bias.dtype == weight.dtype:  # views of one buffer (layer_norm_bwd); no data pointer
-        db = db.clone()  # is read: under torch.compile this body is traced with fake tensors
-    return dx, dw, db
+    return dx, dw, weight.new_empty((0,)) if db is None else db
 
 
 class _LayerNormFunction(torch.autograd.Function):
@@ -385,14 +422,10 @@ class _LayerNormFunction(torch.autograd.Function):
             if bias is None:
                 db = None
         else:
-            # The gradients of weight and bias as fp32 views of the summed partials (none if
-            # neither needs one): the autograd engine casts each to its input's dtype in C++,
-            # which costs less host time than a cast from Python.
+            # No sums where neither weight nor bias needs a gradient (frozen, as in LoRA).
             need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-            dx, sums = _bwd(dy, x, weight, bias, mean, rstd, None, ctx.dev, need_w or need_b)
-            n_cols = x.shape[1]
-            dw = sums[:n_cols] if need_w else None
-            db = sums[n_cols:] if need_b else None
+            dx, dw, db = _bwd(dy, x, weight, bias, mean, rstd, None, ctx.dev, need_w or need_b)
+            dw, db = dw if need_w else None, db if need_b else None
         return dx, dw, db, None, None
 
 
