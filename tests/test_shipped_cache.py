@@ -16,15 +16,18 @@ import pytest
 from conftest import SIMULATED_DEVICES
 from liger_portable import autotune_cache, _paths
 from liger_portable.configs import Limits, check_config, load_table
+from liger_portable.hardware import DeviceInfo
 from liger_portable.specs import SPECS
 
 FILES = sorted(Path(_paths.shipped_cache_dir()).glob("*.json"))
-# Device model of each shipped file -> the simulated device with its limits (tests/conftest.py).
+# Device model of each shipped file -> the device with its limits: the simulated ones
+# (tests/conftest.py) and the H100 SXM (132 SMs, 227 KiB of shared memory a block, as the H200).
 DEVICES = {d.name: d for d in SIMULATED_DEVICES.values()}
+DEVICES["NVIDIA H100 80GB HBM3"] = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", "sm90", 32, 132, 1024, 232448)
 
 
 def test_files_are_shipped():
-    assert [f.name for f in FILES] == ["NVIDIA_H200.json"]
+    assert [f.name for f in FILES] == ["NVIDIA_H100_80GB_HBM3.json", "NVIDIA_H200.json"]
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
