@@ -214,12 +214,20 @@ def test_known_wrapper_is_skipped(fake_gpu):
     kind, passed = calls[0]
     assert kind == "direct"
     assert passed[:13] == (2, 3, 1, "stream", "function", False, True, None, None, "metadata", None, None, None)
-    assert passed[13:23] == args
+    # tensors go to the C launch function as their data pointers (ints: no data_ptr() call and no
+    # driver check per argument there), the other arguments as they are
+    assert passed[13:23] == tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+    assert all(type(v) is int for v in passed[13:17])
     # the wrapper itself forwards the same call
     direct = list(passed)
     calls.clear()
     _KnownWrapper(calls)(2, 3, 1, "stream", "function", "metadata", None, None, None, *passed[13:])
     assert list(calls[0][1]) == direct
+    # a parameter (a module's weight) is passed as its pointer too, and keyed as a tensor
+    calls.clear()
+    w = torch.nn.Parameter(args[2].clone())
+    launcher((2, 3), args[:2] + (w,) + args[3:], CONSTS, opts)
+    assert len(compiles) == 1 and calls[0][1][15] == w.data_ptr()
 
 
 def test_hooks_or_capture_take_tritons_path(fake_gpu, monkeypatch):

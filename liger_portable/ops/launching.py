@@ -12,6 +12,10 @@ its type (floats, None). The key here holds all of these, so a cached kernel is 
 for arguments Triton would have compiled the same kernel for; anything new takes Triton's own path
 once, which compiles (or finds) the kernel and is then cached.
 
+Where Triton's CUDA launch wrapper is known (see :func:`_direct`), its C launch function is called
+with each tensor argument as its data pointer (read while keying the call): given a tensor, the C
+function would call its ``data_ptr()`` and ask the driver to check the pointer, per argument.
+
 The direct path is used only where it is known to hold: a Triton whose ``JITFunction.run`` ends in
 ``kernel.run(..., *bound_args.values())`` (checked at import), no launch hooks installed (profilers
 such as proton install them), no pre-run hooks, and a compiled kernel returned by the launch (the
@@ -136,34 +140,43 @@ class Launcher:
 
     def _keyer(self, n: int) -> Callable:
         """The key function of calls with ``n`` leading arguments, generated once (as Triton generates
-        its binder): ``keyer(launch, device, args, consts) -> (key, values)``, ``values`` being every
-        argument of the kernel in order (the trailing ones from ``consts`` or their defaults). Each
-        runtime argument is keyed inline by its class: a tensor by dtype and 16-byte alignment, an
-        int by being 1, a multiple of 16 and within 32 bits, anything else by :func:`_feature`;
-        a constexpr by its value."""
+        its binder): ``keyer(launch, device, args, consts) -> (key, values, pointers)``, ``values``
+        being every argument of the kernel in order (the trailing ones from ``consts`` or their
+        defaults) and ``pointers`` the same with each tensor replaced by its data pointer. Each runtime
+        argument is keyed inline by its class: a tensor (or parameter) by dtype and 16-byte alignment,
+        an int by being 1, a multiple of 16 and within 32 bits, anything else by :func:`_feature`; a
+        constexpr by its value."""
         keyer = self._keyers.get(n)
         if keyer is not None:
             return keyer
-        names, env = [], {"T": torch.Tensor, "F": _feature}
-        lines = []
+        env = {"T": torch.Tensor, "P": torch.nn.Parameter, "F": _feature}
+        lines, keys, ptrs = [], [], []
         for i, (name, is_const) in enumerate(zip(self._names, self._constexpr)):
             v = f"v{i}"
-            names.append(v)
             if i >= n:
                 env[f"d{i}"] = self._defaults[i]
                 lines.append(f"    {v} = consts.get({name!r}, d{i})")
-        items = []
-        for i, is_const in enumerate(self._constexpr):
-            v = f"v{i}"
-            items.append(v if is_const else (
-                f"(({v}.dtype, {v}.data_ptr() & 15 == 0) if type({v}) is T else "
-                f"({v} == 1, {v} & 15 == 0, -0x80000000 <= {v} <= 0x7FFFFFFF) if type({v}) is int else F({v}))"
-            ))
-        head = ", ".join(names[:n]) + ("," if n else "")
+            if is_const:
+                keys.append(v)
+                ptrs.append(v)
+                continue
+            lines += [
+                f"    t = type({v})",
+                "    if t is T or t is P:",
+                f"        p{i} = {v}.data_ptr()",
+                f"        k{i} = ({v}.dtype, p{i} & 15 == 0)",
+                "    elif t is int:",
+                f"        p{i}, k{i} = {v}, ({v} == 1, {v} & 15 == 0, -0x80000000 <= {v} <= 0x7FFFFFFF)",
+                "    else:",
+                f"        p{i}, k{i} = {v}, F({v})",
+            ]
+            keys.append(f"k{i}")
+            ptrs.append(f"p{i}")
+        names = [f"v{i}" for i in range(len(self._names))]
         src = "def keyer(launch, device, args, consts):\n"
-        src += f"    {head} = args\n" if n else ""
+        src += f"    {', '.join(names[:n])}, = args\n" if n else ""
         src += "\n".join(lines) + ("\n" if lines else "")
-        src += f"    return (id(launch), device, {', '.join(items)}), ({', '.join(names)},)\n"
+        src += f"    return (id(launch), device, {', '.join(keys)}), ({', '.join(names)},), ({', '.join(ptrs)},)\n"
         exec(compile(src, f"<launch key of {getattr(self.fn, '__name__', 'kernel')}>", "exec"), env)
         keyer = self._keyers[n] = env["keyer"]
         return keyer
@@ -180,7 +193,7 @@ class Launcher:
         if not (enabled and KNOWN_TRITON and self._names):
             self.fn[grid](*args, **consts, **launch)
             return
-        key, values = self._keyer(len(args))(launch, driver.active.get_current_device(), args, consts)
+        key, values, pointers = self._keyer(len(args))(launch, driver.active.get_current_device(), args, consts)
         hit = self._cache.get(key)
         if hit is None or hit[0] is not launch or hooks_installed():
             self._slow(key, grid, args, consts, launch)
@@ -191,8 +204,11 @@ class Launcher:
         if direct is None:
             run(g[0], g[1], g[2], stream, function, packed, None, None, None, *values)
         else:
+            # The C launch function takes a pointer argument as an int as it is; a tensor it would
+            # ask for its data_ptr() and have the driver check (cuPointerGetAttribute), per argument
+            # and launch. The tensors here are on the launch's GPU: device_info() admits no others.
             c_launch, cooperative, pdl = direct
-            c_launch(g[0], g[1], g[2], stream, function, cooperative, pdl, None, None, packed, None, None, None, *values)
+            c_launch(g[0], g[1], g[2], stream, function, cooperative, pdl, None, None, packed, None, None, None, *pointers)
 
     def _slow(self, key: tuple, grid: tuple, args: tuple, consts: dict, launch: dict) -> None:
         """Triton's own launch; the compiled kernel it returns is kept for this specialisation."""
