@@ -420,11 +420,15 @@ def summary_text(records: list[dict]) -> str:
             lines += ["", METRICS[metric]]
         # eager figures leave the memory to the graph-replay table, where the op has one
         graphed = {r["op"] for r in best if r["metric"] == "fwd_bwd_graph_ms"}
+
+        def shows_memory(op: str) -> bool:
+            return metric != "fwd_bwd_eager_ms" or op not in graphed
+
         recs = [r for r in best if r["metric"] == metric]
         ops = sorted({r["op"] for r in recs}, key=lambda o: _order(o, _OPS))
         single = []  # ops measured for one implementation only: one table for all of them
         for op in ops:
-            memory = metric != "fwd_bwd_eager_ms" or op not in graphed
+            memory = shows_memory(op)
             mine = [r for r in recs if r["op"] == op]
             impls = sorted({r["impl"] for r in mine}, key=lambda i: _order(i, _IMPLS))
             if len(impls) == 1:
@@ -449,7 +453,7 @@ def summary_text(records: list[dict]) -> str:
             single.sort(key=lambda r: (_order(r["op"], _OPS), r["op"], _natural(_shape_str(r["shape"])), r["device"]))
             lines += ["", "| op | shape | impl | value | date | env |", "|---|---|---|---|---|---|"]
             lines += [f"| {r['op']} | {_shape_str(r['shape'])} | {r['impl']} | "
-                      f"{_cell(r, metric != 'fwd_bwd_eager_ms' or r['op'] not in graphed)} | {r['date']} | "
+                      f"{_cell(r, shows_memory(r['op']))} | {r['date']} | "
                       f"{env(r)} |" for r in single]
             lines += _notes([(r["op"], _shape_str(r["shape"]), r["note"]) for r in single if r.get("note")], [])
     return "\n".join(lines) + "\n"
