@@ -143,7 +143,9 @@ def describe(spec_name: str) -> Describe | None:
 # bound of the tables, Llama-like hidden and MLP sizes, and odd ones.
 ROW_LENGTHS = (128, 1000, 2880, 4096, 5120, 8192, 20000, 70001)
 REPRESENTATIVE: dict[tuple[str, ...], list[dict]] = {
-    ("n_cols", "n_rows"): [{"n_cols": n, "n_rows": 16384} for n in ROW_LENGTHS],
+    # A few rows too (the norms' backward then sums its partials in the launch: another variant).
+    ("n_cols", "n_rows"): [{"n_cols": n, "n_rows": 16384} for n in ROW_LENGTHS]
+    + [{"n_cols": n, "n_rows": 16} for n in (4096, 20000)],
     # head_dim (64: Llama-2-7B-like small heads; 128: Llama-3; 80: odd, not a power of two; 256:
     # Gemma), q + k heads, sequence length.
     ("head_dim", "n_heads", "seq_len"): [

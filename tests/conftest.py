@@ -107,6 +107,20 @@ def simulated_device(request):
         yield dev
 
 
+@pytest.fixture(params=["summed in the launch", "summed after it"])
+def partial_sums(request, monkeypatch):
+    """The row norms' backward with the weight-gradient partials summed by the launch's last program,
+    then by a step after the launch, at any size (normally the plan picks one by the partials' size)."""
+    from liger_portable import hardware
+    from liger_portable.ops import _tiles
+
+    monkeypatch.setattr(_tiles, "FUSED_SUM_MAX", 1 << 62 if request.param == "summed in the launch" else -1)
+    hardware.reset()  # the memoized launch plans
+    yield request.param
+    monkeypatch.undo()
+    hardware.reset()
+
+
 @pytest.fixture
 def poison(monkeypatch):
     """Outputs the kernels allocate start as NaN, so any element a kernel fails to write shows.

@@ -249,7 +249,7 @@ def test_kernel_interpreter_frozen_weight(simulated_device, poison, monkeypatch)
 @pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("mode,offset", MODES)
-def test_kernel_interpreter(simulated_device, poison, shape, dtype, mode, offset):
+def test_kernel_interpreter(simulated_device, poison, partial_sums, shape, dtype, mode, offset):
     _run_and_compare(*_inputs(shape, dtype, seed=sum(shape)), dtype, mode, offset)
 
 

@@ -347,11 +347,11 @@ def _kernel_op_examples(t):
     cos, sin = t(1, 5, 64), t(1, 5, 64)
     return {
         "liger_portable::rms_norm": (x, w, 1e-6, 0.0, False),
-        "liger_portable::rms_norm_backward": (dy, x, w, t(rows, dtype=f32), 0.0, False),
+        "liger_portable::rms_norm_backward": (dy, x, w, t(rows + 1, dtype=f32), 0.0, False),
         "liger_portable::fused_add_rms_norm": (x, t(rows, hidden), w, 1e-6, 1.0, True),
-        "liger_portable::fused_add_rms_norm_backward": (dy, t(rows, hidden), x, w, t(rows, dtype=f32), 0.0, False),
+        "liger_portable::fused_add_rms_norm_backward": (dy, t(rows, hidden), x, w, t(rows + 1, dtype=f32), 0.0, False),
         "liger_portable::layer_norm": (x, w, t(hidden), 1e-5),
-        "liger_portable::layer_norm_backward": (dy, x, w, t(hidden), t(rows, dtype=f32), t(rows, dtype=f32)),
+        "liger_portable::layer_norm_backward": (dy, x, w, t(hidden), t(rows, dtype=f32), t(rows + 1, dtype=f32)),
         "liger_portable::glu": (a, b, "silu"),
         "liger_portable::glu_backward": (dc, a, b, "gelu_tanh"),
         "liger_portable::rope": (q, k, cos, sin),

@@ -231,22 +231,26 @@ KERNEL_CASES = [(s, d, True) for s in KERNEL_SHAPES for d in DTYPES] + [
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("trainable", ["none", "weight", "bias", "both"])
-def test_kernel_interpreter_frozen_parameters(simulated_device, poison, monkeypatch, trainable):
+def test_kernel_interpreter_frozen_parameters(simulated_device, poison, partial_sums, monkeypatch, trainable):
     """Weight and bias each trainable or frozen (as in LoRA): dx as the reference, a gradient in
-    its own dtype for each trainable parameter only, and no sum of the partials when neither is."""
+    its own dtype for each trainable parameter only, and no sum of the partials (in the launch or
+    after it) when neither is."""
     x, w, b, dy = _inputs((37, 130), torch.bfloat16)
     b = b.float()  # a bias of another dtype than the weight
     w.requires_grad_(trainable in ("weight", "both"))
     b.requires_grad_(trainable in ("bias", "both"))
     x.requires_grad_()
-    calls = []
-    ops = importlib.import_module("liger_portable.ops.layer_norm")  # the sum of the partials, spied on
-    real = ops.sum_partials
+    calls, launches = [], []
+    ops = importlib.import_module("liger_portable.ops.layer_norm")  # the sums of the partials, spied on
+    real, launch = ops.sum_partials, ops.launch_bwd
     monkeypatch.setattr(ops, "sum_partials", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(ops, "launch_bwd", lambda g, a, c, o: launches.append(c.get("FUSE_SUM", False)) or launch(g, a, c, o))
     F.layer_norm(x, w, b, EPS).backward(dy)
     ry, rdx, rdw, rdb = _reference(x, w, b, dy, EPS)
     assert rel_err(x.grad, rdx) <= TOL[torch.bfloat16]
-    assert len(calls) == (trainable != "none")
+    summed = trainable != "none"
+    in_launch = partial_sums == "summed in the launch"
+    assert launches == [summed and in_launch] and len(calls) == (summed and not in_launch)
     for t, ref, on in ((w, rdw, trainable in ("weight", "both")), (b, rdb, trainable in ("bias", "both"))):
         if on:
             assert t.grad.dtype == t.dtype and rel_err(t.grad, ref) <= TOL[torch.bfloat16]
@@ -285,9 +289,33 @@ def test_kernel_interpreter_sum_partials(simulated_device, poison, parts, n_cols
     ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else (
         str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else ("bias" if v else "nobias")),
 )
-def test_kernel_interpreter(simulated_device, poison, shape, dtype, bias):
+def test_kernel_interpreter(simulated_device, poison, partial_sums, shape, dtype, bias):
     x, w, b, dy = _inputs(shape, dtype, seed=sum(shape), bias=bias)
     _run_and_compare(x, w, b, dy, dtype)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("shape", [(19, 200), (2, 20000)], ids=["registers", "looped"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_kernel_interpreter_sum_in_launch_resets_its_count(simulated_device, poison, shape, bias):
+    """The backward that sums its partials in the launch leaves the arrival count in the forward's
+    statistics at zero, so a second backward over the same graph (and the tuner's repeated launches)
+    gives the same gradients, to the bit."""
+    x, w, b, dy = _inputs(shape, torch.float32, bias=bias)
+    params = [x, w] + ([b] if bias else [])
+    for t in params:
+        t.requires_grad_()
+    y = F.layer_norm(x, w, b, EPS)
+    grads = []
+    for _ in range(3):
+        for t in params:
+            t.grad = None
+        y.backward(dy, retain_graph=True)
+        grads.append([t.grad for t in params])
+    ry, rdx, rdw, rdb = _reference(x, w, b, dy, EPS)
+    assert rel_err(grads[0][1], rdw) <= TOL[torch.float32]
+    assert not bias or rel_err(grads[0][2], rdb) <= TOL[torch.float32]
+    assert all(torch.equal(g, h) for later in grads[1:] for g, h in zip(later, grads[0]))
 
 
 @pytest.mark.interpreter
@@ -333,7 +361,8 @@ def test_kernel_interpreter_looped_multirow_config(poison, bias):
     assert db is None if b is None else rel_err(db, rdb) <= 1e-2
     xd = x.double()
     assert rel_err(mean, xd.mean(-1)) <= 1e-6
-    assert rel_err(rstd, torch.rsqrt(xd.var(-1, unbiased=False) + EPS)) <= 1e-6
+    assert rel_err(rstd[:-1], torch.rsqrt(xd.var(-1, unbiased=False) + EPS)) <= 1e-6
+    assert rstd.shape == (8,) and rstd[-1].item() == 0.0  # the backward's count, zero between launches
 
 
 @pytest.mark.interpreter
@@ -436,6 +465,25 @@ def _gpu():
 def test_kernel_gpu(poison, shape, dtype, bias):
     x, w, b, dy = _inputs(shape, dtype, device=_gpu(), seed=sum(shape), bias=bias)
     _run_and_compare(x, w, b, dy, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(200, 1024), (2048, 4096), (7, 20000)], ids=lambda s: "x".join(map(str, s)))
+def test_kernel_gpu_partial_sums_repeated(poison, partial_sums, shape):
+    """As RMSNorm's: twenty backwards over one graph give the reference's weight and bias
+    gradients, each equal to the first to the bit."""
+    x, w, b, dy = _inputs(shape, torch.bfloat16, device=_gpu(), seed=sum(shape))
+    for t in (x, w, b):
+        t.requires_grad_()
+    y = F.layer_norm(x, w, b, EPS)
+    grads = []
+    for _ in range(20):
+        w.grad = b.grad = None
+        y.backward(dy, retain_graph=True)
+        grads.append((w.grad, b.grad))
+    _, _, rdw, rdb = _reference(x, w, b, dy, EPS)
+    assert rel_err(grads[0][0], rdw) <= TOL[torch.bfloat16] and rel_err(grads[0][1], rdb) <= TOL[torch.bfloat16]
+    assert all(torch.equal(g[0], grads[0][0]) and torch.equal(g[1], grads[0][1]) for g in grads[1:])
 
 
 @pytest.mark.gpu

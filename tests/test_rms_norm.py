@@ -179,7 +179,7 @@ KERNEL_SHAPES = [(1, 37), (19, 200), (6, 1000), (3, 4096), (2, 20000), (1, 70001
 @pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("mode,offset", MODES)
-def test_kernel_interpreter(simulated_device, poison, shape, dtype, mode, offset):
+def test_kernel_interpreter(simulated_device, poison, partial_sums, shape, dtype, mode, offset):
     x, w, dy = _inputs(shape, dtype, seed=hash(shape) % 1000)
     _run_and_compare(x, w, dy, dtype, mode, offset)
 
@@ -206,23 +206,49 @@ def test_kernel_interpreter_3d_and_weight_dtype(simulated_device, poison):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_kernel_interpreter_frozen_weight(simulated_device, poison, monkeypatch, dtype):
+def test_kernel_interpreter_frozen_weight(simulated_device, poison, partial_sums, monkeypatch, dtype):
     """A weight that needs no gradient (frozen, as in LoRA): dx as the reference, no weight
-    gradient and no sum of its partials; a trainable weight gets its gradient in its own dtype."""
+    gradient and no sum of its partials (in the launch or after it); a trainable weight gets its
+    gradient in its own dtype, summed where the plan says."""
+    from liger_portable.ops import rms_norm as ops
+
     x, w, dy = _inputs((37, 130), dtype)
     x.requires_grad_()
-    calls = []
-    real = torch.Tensor.sum
+    calls, launches = [], []
+    real, launch = torch.Tensor.sum, ops.launch_bwd
     monkeypatch.setattr(torch.Tensor, "sum", lambda t, *a, **k: calls.append(1) or real(t, *a, **k))
+    monkeypatch.setattr(ops, "launch_bwd", lambda g, a, c, o: launches.append(c.get("FUSE_SUM", False)) or launch(g, a, c, o))
     y = F.rms_norm(x, w, 1e-6)
     y.backward(dy)
     _, rdx, _ = _reference(x, w, dy, 1e-6, 0.0, "llama")
     assert rel_err(x.grad, rdx) <= TOL[dtype]
-    assert w.grad is None and not calls
+    assert w.grad is None and not calls and launches == [False]
     w.requires_grad_()
     F.rms_norm(x, w, 1e-6).backward(dy)
     _, _, rdw = _reference(x, w, dy, 1e-6, 0.0, "llama")
-    assert len(calls) == 1 and w.grad.dtype == dtype and rel_err(w.grad, rdw) <= TOL[dtype]
+    in_launch = partial_sums == "summed in the launch"
+    assert launches == [False, in_launch] and len(calls) == (not in_launch)
+    assert w.grad.dtype == dtype and rel_err(w.grad, rdw) <= TOL[dtype]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("shape", [(19, 200), (2, 20000)], ids=["registers", "looped"])
+def test_kernel_interpreter_sum_in_launch_resets_its_count(simulated_device, poison, shape):
+    """The backward that sums its partials in the launch leaves the arrival count in the forward's
+    statistics at zero, so a second backward over the same graph (and the tuner's repeated launches)
+    gives the same weight gradient, to the bit."""
+    x, w, dy = _inputs(shape, torch.float32)
+    x.requires_grad_()
+    w.requires_grad_()
+    y = F.rms_norm(x, w, 1e-6)
+    grads = []
+    for _ in range(3):
+        x.grad = w.grad = None
+        y.backward(dy, retain_graph=True)
+        grads.append(w.grad)
+    _, _, rdw = _reference(x, w, dy, 1e-6, 0.0, "llama")
+    assert rel_err(grads[0], rdw) <= TOL[torch.float32]
+    assert all(torch.equal(g, grads[0]) for g in grads[1:])
 
 
 @pytest.mark.interpreter
@@ -252,6 +278,27 @@ def _gpu():
 def test_kernel_gpu(poison, shape, dtype, mode, offset):
     x, w, dy = _inputs(shape, dtype, device=_gpu(), seed=sum(shape))
     _run_and_compare(x, w, dy, dtype, mode, offset)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(200, 1024), (2048, 4096), (7, 20000)], ids=lambda s: "x".join(map(str, s)))
+def test_kernel_gpu_partial_sums_repeated(poison, partial_sums, shape):
+    """Every program of a wide grid counts in and the last sums the others' partials: twenty
+    backwards over one graph give the reference's weight gradient, each equal to the first to the
+    bit (a program that summed before another's partial was visible, or a count left unreset,
+    would not)."""
+    x, w, dy = _inputs(shape, torch.bfloat16, device=_gpu(), seed=sum(shape))
+    x.requires_grad_()
+    w.requires_grad_()
+    y = F.rms_norm(x, w, 1e-6)
+    grads = []
+    for _ in range(20):
+        w.grad = None
+        y.backward(dy, retain_graph=True)
+        grads.append(w.grad)
+    _, _, rdw = _reference(x, w, dy, 1e-6, 0.0, "llama")
+    assert rel_err(grads[0], rdw) <= TOL[torch.bfloat16]
+    assert all(torch.equal(g, grads[0]) for g in grads[1:])
 
 
 @pytest.mark.gpu

@@ -96,19 +96,25 @@ def _glu_ref(kernel: str):
     return fallback.swiglu if kernel.startswith("swiglu") else fallback.geglu
 
 
+def _counted(rstd: torch.Tensor) -> torch.Tensor:
+    """A row norm forward's rstd as it returns it: the rows' values, then the backward's arrival
+    count, zero after the forward."""
+    return torch.cat([rstd, rstd.new_zeros(1)])
+
+
 def reference(kernel: str, inp: dict) -> tuple:
     """What the op returns, computed independently in float64 from the hook's inputs (None where
     the op returns None)."""
     if kernel == "rms_norm_fwd":
         x = _d(inp["x"])
-        return fallback.rms_norm(x, _d(inp["weight"]), EPS, 0.0, "llama"), torch.rsqrt(x.pow(2).mean(-1) + EPS)
+        return fallback.rms_norm(x, _d(inp["weight"]), EPS, 0.0, "llama"), _counted(torch.rsqrt(x.pow(2).mean(-1) + EPS))
     if kernel == "rms_norm_bwd":
         x, w = _d(inp["x"], True), _d(inp["weight"], True)
         fallback.rms_norm(x, w, EPS, 0.0, "llama").backward(_d(inp["dy"]))
         return x.grad, w.grad
     if kernel == "fused_add_rms_norm_fwd":
         y, s = fallback.fused_add_rms_norm(_d(inp["x"]), _d(inp["residual"]), _d(inp["weight"]), EPS, 0.0, "llama")
-        return y, s, torch.rsqrt(s.pow(2).mean(-1) + EPS)
+        return y, s, _counted(torch.rsqrt(s.pow(2).mean(-1) + EPS))
     if kernel == "fused_add_rms_norm_bwd":
         s, w = _d(inp["s"], True), _d(inp["weight"], True)
         y = fallback.rms_norm(s, w, EPS, 0.0, "llama")
@@ -117,7 +123,7 @@ def reference(kernel: str, inp: dict) -> tuple:
     if kernel == "layer_norm_fwd":
         x = _d(inp["x"])
         y = fallback.layer_norm(x, _d(inp["weight"]), _d(inp["bias"]), EPS)
-        return y, x.mean(-1), torch.rsqrt(x.var(-1, unbiased=False) + EPS)
+        return y, x.mean(-1), _counted(torch.rsqrt(x.var(-1, unbiased=False) + EPS))
     if kernel == "layer_norm_bwd":
         x, w, b = _d(inp["x"], True), _d(inp["weight"], True), _d(inp["bias"], True)
         fallback.layer_norm(x, w, b, EPS).backward(_d(inp["dy"]))

@@ -12,9 +12,9 @@ are saved for the backward.
 
 Backward: a persistent grid of ``PROGRAMS_PER_CU`` programs per compute unit; each walks its share
 of the rows, writes dx and accumulates the weight (and bias) gradient of its rows in fp32, then
-writes one partial row ``[dW | dB]``; a second small kernel sums the partials (``num_programs``
-rows) into the weight and bias gradients in their dtypes (one launch where aten's sum, slices and
-casts took four to five). Each step issues the loads of the program's next row block before it
+writes one partial row ``[dW | dB]``. The partials (``num_programs`` rows) are summed into the
+weight and bias gradients in their dtypes by the last program to finish where they are few (a
+small problem, whose call is host-bound: one launch in all), else by a second small kernel. Each step issues the loads of the program's next row block before it
 reduces the current one (a register double buffer: without it a program's loads and its reductions
 took turns, 67% of the copy bandwidth at 4096 columns on an H200 against 80% with it). A row that a
 power-of-two tile would leave mostly masked is held as two tiles (5120 = 4096 + 1024), which keeps
@@ -36,7 +36,7 @@ from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import EPS, next_pow2, register, row_norm_specs
 from .launching import Launcher, eager_apply, kernel_op, plan, split_launch
-from ._tiles import load_tile, store_tile, block_n
+from ._tiles import SUM_C_PER_WARP, SUM_P, block_n, column_sums, fuse_sum, load_tile, store_sums, store_tile, sum_if_last
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
@@ -95,6 +95,7 @@ def _layer_norm_fwd_kernel(
             tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(MEAN + rows, mean, mask=row_mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
+    tl.store(RSTD + n_rows, 0.0, mask=tl.program_id(0) == 0)  # the backward's arrival count
 
 
 @triton.jit
@@ -110,6 +111,9 @@ def _layer_norm_bwd_kernel(
     stride_dy, stride_x, stride_dx, stride_partial, n_rows, n_cols,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
+    # The partials summed in this launch by its last program (see _tiles.sum_if_last) into DW and
+    # DB; unset, these arguments are compiled out and a second launch sums them.
+    DW=None, DB=None, FUSE_SUM: tl.constexpr = False, SUM_P: tl.constexpr = 8, SUM_C: tl.constexpr = 128,
 ):
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -216,6 +220,8 @@ def _layer_norm_bwd_kernel(
                 if HAS_BIAS:
                     part_b = tl.load(db_row + cc, mask=col_mask, other=0.0)
                     tl.store(db_row + cc, part_b + tl.sum(dy, axis=0), mask=col_mask)
+    if FUSE_SUM:
+        sum_if_last(PARTIAL, stride_partial, n_programs, RSTD + n_rows, n_cols, DW, DB, HAS_BIAS, SUM_P, SUM_C)
 
 
 @triton.jit
@@ -229,17 +235,7 @@ def _sum_partials_kernel(
     order (deterministic)."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     width = 2 * n_cols if HAS_BIAS else n_cols
-    col_mask = cols < width
-    parts = tl.arange(0, BLOCK_P)
-    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-    for start in range(0, n_parts, BLOCK_P):
-        r = (start + parts).to(tl.int64)
-        mask = (r < n_parts)[:, None] & col_mask[None, :]
-        acc += tl.load(P + r[:, None] * stride_p + cols[None, :], mask=mask, other=0.0)
-    s = tl.sum(acc, axis=0)
-    tl.store(DW + cols, s.to(DW.dtype.element_ty), mask=cols < n_cols)
-    if HAS_BIAS:
-        tl.store(DB + (cols - n_cols), s.to(DB.dtype.element_ty), mask=(cols >= n_cols) & col_mask)
+    store_sums(column_sums(P, stride_p, n_parts, cols, width, BLOCK_P, BLOCK_C), cols, n_cols, DW, DB, HAS_BIAS)
 
 
 def split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
@@ -292,14 +288,19 @@ def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
 
 
 def _bwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
-    """(grid, constexprs without and with a bias, launch options, single pass) of the backward."""
+    """(grid, constexprs by [summed in the launch][bias], launch options, single pass) of the
+    backward; the first index is None where the partials are too many to be summed in the launch."""
     block_n, tail_n, single = split_row(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
     n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
     consts, opts = split_launch(cfg)
     consts.update(BLOCK_N=block_n, TAIL_N=tail_n, SINGLE_PASS=single)
-    by_bias = ({**consts, "HAS_BIAS": False}, {**consts, "HAS_BIAS": True})
-    return (n_programs,), by_bias, opts, single
+    apart = ({**consts, "HAS_BIAS": False}, {**consts, "HAS_BIAS": True})
+    fused = {"FUSE_SUM": True, "SUM_P": SUM_P, "SUM_C": SUM_C_PER_WARP * opts["num_warps"]}
+    together = tuple(
+        {**c, **fused} if fuse_sum(n_programs, (1 + c["HAS_BIAS"]) * n_cols) else None for c in apart
+    )
+    return (n_programs,), (apart, together), opts, single
 
 
 def layer_norm_fwd(
@@ -311,13 +312,15 @@ def layer_norm_fwd(
 
     ``config`` overrides the resolved launch config (the tuner and benchmarks use it); ``dev`` is
     the :class:`~liger_portable.DeviceInfo` of ``x`` where the caller knows it.
-    Returns ``(y, mean, rstd)``: y contiguous in ``x.dtype``, mean and rstd fp32 of shape ``(n_rows,)``.
+    Returns ``(y, mean, rstd)``: y contiguous in ``x.dtype``, mean fp32 of shape ``(n_rows,)``, rstd
+    fp32 of shape ``(n_rows + 1,)``: the rows' values, then a count the backward uses (zero between
+    launches; see ``_tiles.sum_if_last``).
     """
     n_rows, n_cols = x.shape
     grid, by_bias, opts = plan("layer_norm_fwd", dev or device_info(x), (n_cols, n_rows), x.dtype, _fwd_plan, config)
     y = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     mean = empty((n_rows,), dtype=torch.float32, device=x.device)
-    rstd = empty((n_rows,), dtype=torch.float32, device=x.device)
+    rstd = empty((n_rows + 1,), dtype=torch.float32, device=x.device)
     launch_fwd(
         grid,
         (x, y, weight, weight if bias is None else bias, mean, rstd, x.stride(0), y.stride(0), n_rows, n_cols, eps),
@@ -330,11 +333,17 @@ def layer_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     mean: torch.Tensor, rstd: torch.Tensor, config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension.
+    """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension; ``mean`` and
+    ``rstd`` as :func:`layer_norm_fwd` returned them.
 
     ``config`` overrides the resolved launch config. Returns ``(dx, dweight, dbias)`` in the
     dtypes of ``x``, ``weight`` and ``bias``; ``dbias`` is None when ``bias`` is None.
     """
+    if rstd.shape != (x.shape[0] + 1,):
+        raise ValueError(
+            f"rstd must be as layer_norm_fwd returns it, of shape ({x.shape[0] + 1},) for {x.shape[0]} rows "
+            f"(the last element is the backward's count), got {tuple(rstd.shape)}"
+        )
     return _bwd(dy, x, weight, bias, mean, rstd, config, dev)
 
 
@@ -344,7 +353,7 @@ def _bwd(dy, x, weight, bias, mean, rstd, config, dev, need_sums: bool = True):
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
-    grid, by_bias, opts, single = plan(
+    grid, (apart, together), opts, single = plan(
         "layer_norm_bwd", dev or device_info(x), (n_cols, n_rows), x.dtype, _bwd_plan, config
     )
     has_bias = bias is not None
@@ -352,19 +361,21 @@ def _bwd(dy, x, weight, bias, mean, rstd, config, dev, need_sums: bool = True):
     dx = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     alloc = empty if single else torch.zeros
     partial = alloc((grid[0], width), dtype=torch.float32, device=x.device)
-    launch_bwd(
-        grid,
-        (
-            dy, x, weight, mean, rstd, dx, partial,
-            dy.stride(0), x.stride(0), dx.stride(0), partial.stride(0), n_rows, n_cols,
-        ),
-        by_bias[has_bias], opts,
+    args = (
+        dy, x, weight, mean, rstd, dx, partial,
+        dy.stride(0), x.stride(0), dx.stride(0), partial.stride(0), n_rows, n_cols,
     )
     if not need_sums:
+        launch_bwd(grid, args, apart[has_bias], opts)
         return dx, None, None
     dw = empty((n_cols,), dtype=weight.dtype, device=x.device)
     db = None if bias is None else empty((n_cols,), dtype=bias.dtype, device=x.device)
-    sum_partials(partial, n_cols, dw, db)
+    consts = together[has_bias]
+    if consts is not None:
+        launch_bwd(grid, args, {**consts, "DW": dw, "DB": dw if db is None else db}, opts)
+    else:
+        launch_bwd(grid, args, apart[has_bias], opts)
+        sum_partials(partial, n_cols, dw, db)
     return dx, dw, db
 
 
@@ -375,8 +386,8 @@ def _bwd(dy, x, weight, bias, mean, rstd, config, dev, need_sums: bool = True):
 
 
 def _layer_norm_op_fake(x, weight, bias, eps):
-    stats = x.new_empty(x.shape[:1], dtype=torch.float32)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
+    mean = x.new_empty(x.shape[:1], dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), mean, x.new_empty((x.shape[0] + 1,), dtype=torch.float32)
 
 
 @kernel_op("liger_portable::layer_norm", fake=_layer_norm_op_fake)

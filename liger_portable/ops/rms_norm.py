@@ -6,8 +6,10 @@ The per-row ``rstd`` (fp32) is saved for the backward.
 
 Backward: a persistent grid of ``PROGRAMS_PER_CU`` programs per compute unit; each walks its share
 of the rows, writes dx and accumulates the weight gradient of its rows in fp32, then writes one
-partial row; the partials are summed on the host side of the launch (``num_programs x n_cols``
-floats, small). Long rows accumulate their partial in global memory instead of registers.
+partial row. Where the partials are few (a small problem, whose call is host-bound), the last
+program to finish sums them into the weight gradient in the same launch; otherwise aten sums them
+after it (``num_programs x n_cols`` floats). Long rows accumulate their partial in global memory
+instead of registers.
 
 Fused add + RMSNorm (the pre-norm residual of a decoder layer) runs the same two kernels with a
 constexpr flag set: the forward (``HAS_RESIDUAL``) also loads the residual ``r`` and stores the sum
@@ -31,7 +33,7 @@ from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import EPS, register, row_norm_specs
 from .launching import Launcher, eager_apply, kernel_op, plan, split_launch
-from ._tiles import load_tile, store_tile, block_n
+from ._tiles import SUM_C_PER_WARP, SUM_P, block_n, fuse_sum, load_tile, store_tile, sum_if_last
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
@@ -101,6 +103,7 @@ def _rms_norm_fwd_kernel(
                 xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
             tl.store(y_row + c[None, :], (xhat * w[None, :]).to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + rows, rstd, mask=row_mask)
+    tl.store(RSTD + n_rows, 0.0, mask=tl.program_id(0) == 0)  # the backward's arrival count
 
 
 @triton.jit
@@ -111,6 +114,9 @@ def _rms_norm_bwd_kernel(
     # Fused add: X is the saved sum, and DS (the gradient that reached the sum output) is added to
     # dx. Unset (RMSNorm), these arguments are compiled out.
     DS=None, stride_ds=None, HAS_DSUM: tl.constexpr = False,
+    # The partials summed in this launch by its last program (see _tiles.sum_if_last) into DW;
+    # unset, these arguments are compiled out and the partials are summed after the launch.
+    DW=None, FUSE_SUM: tl.constexpr = False, SUM_P: tl.constexpr = 8, SUM_C: tl.constexpr = 128,
 ):
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -189,6 +195,8 @@ def _rms_norm_bwd_kernel(
                     xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
                 part = tl.load(dw_row + cc, mask=col_mask, other=0.0)
                 tl.store(dw_row + cc, part + tl.sum(dy * xhat, axis=0), mask=col_mask)
+    if FUSE_SUM:
+        sum_if_last(DW_PARTIAL, n_cols, n_programs, RSTD + n_rows, n_cols, DW, DW, False, SUM_P, SUM_C)
 
 
 launch_fwd = Launcher(_rms_norm_fwd_kernel)
@@ -207,13 +215,17 @@ def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
 
 
 def _bwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
-    """(grid, constexprs, launch options, single pass) of the backward for one problem."""
+    """(grid, constexprs, launch options, single pass, the constexprs with the partials summed in the
+    launch or None where they are too many) of the backward for one problem."""
     block, single = block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
     block_m = cfg.meta["BLOCK_M"]
     n_programs = max(1, min(triton.cdiv(n_rows, block_m), dev.compute_units * cfg.meta["PROGRAMS_PER_CU"]))
     consts, opts = split_launch(cfg)
     consts.update(BLOCK_N=block, SINGLE_PASS=single)
-    return (n_programs,), consts, opts, single
+    together = None
+    if fuse_sum(n_programs, n_cols):
+        together = {**consts, "FUSE_SUM": True, "SUM_P": SUM_P, "SUM_C": SUM_C_PER_WARP * opts["num_warps"]}
+    return (n_programs,), consts, opts, single, together
 
 
 def rms_norm_fwd(
@@ -224,7 +236,8 @@ def rms_norm_fwd(
 
     ``config`` overrides the resolved launch config (the tuner and benchmarks use it); ``dev`` is
     the :class:`~liger_portable.DeviceInfo` of ``x`` where the caller knows it.
-    Returns ``(y, rstd)``: y contiguous in ``x.dtype``, rstd fp32 of shape ``(n_rows,)``.
+    Returns ``(y, rstd)``: y contiguous in ``x.dtype``, rstd fp32 of shape ``(n_rows + 1,)``: the
+    rows' values, then a count the backward uses (zero between launches; see ``_tiles.sum_if_last``).
     """
     y, _, rstd = _fwd("rms_norm_fwd", x, None, weight, eps, offset, gemma, config, dev)
     return y, rstd
@@ -237,7 +250,7 @@ def fused_add_rms_norm_fwd(
     """Forward of ``s = x + residual; y = rms_norm(s)`` in one pass; ``x`` and ``residual`` 2-D of one
     shape and dtype, each with a contiguous last dimension (row strides may differ).
 
-    Returns ``(y, s, rstd)``: y and s contiguous in ``x.dtype``, rstd fp32 of shape ``(n_rows,)``.
+    Returns ``(y, s, rstd)``: y and s contiguous in ``x.dtype``, rstd as :func:`rms_norm_fwd` returns it.
     """
     return _fwd("fused_add_rms_norm_fwd", x, residual, weight, eps, offset, gemma, config, dev)
 
@@ -246,7 +259,7 @@ def _fwd(kernel, x, residual, weight, eps, offset, gemma, config, dev):
     n_rows, n_cols = x.shape
     grid, consts, opts = plan(kernel, dev or device_info(x), (n_cols, n_rows), x.dtype, _fwd_plan, config)
     y = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    rstd = empty((n_rows,), dtype=torch.float32, device=x.device)
+    rstd = empty((n_rows + 1,), dtype=torch.float32, device=x.device)
     if residual is None:
         s = None
         kwargs = {**consts, "GEMMA": gemma}
@@ -261,11 +274,13 @@ def rms_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float, gemma: bool,
     config: Resolved | None = None, dev=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension.
+    """Launch the backward; ``dy`` and ``x`` 2-D with a contiguous last dimension, ``rstd`` as
+    :func:`rms_norm_fwd` returned it.
 
     ``config`` overrides the resolved launch config. Returns ``(dx, dweight)`` in the dtypes of
     ``x`` and ``weight``.
     """
+    _check_rstd(rstd, x)
     return _bwd("rms_norm_bwd", dy, None, x, weight, rstd, offset, gemma, config, dev)
 
 
@@ -279,31 +294,45 @@ def fused_add_rms_norm_bwd(
     Returns ``(dsum, dweight)``: ``dsum = rms_norm's dx + ds`` (added in fp32, rounded once) is the
     gradient of both ``x`` and ``residual``.
     """
+    _check_rstd(rstd, s)
     return _bwd("fused_add_rms_norm_bwd", dy, ds, s, weight, rstd, offset, gemma, config, dev)
 
 
+def _check_rstd(rstd: torch.Tensor, x: torch.Tensor) -> None:
+    if rstd.shape != (x.shape[0] + 1,):
+        raise ValueError(
+            f"rstd must be as the forward returns it, of shape ({x.shape[0] + 1},) for {x.shape[0]} rows "
+            f"(the last element is the backward's count), got {tuple(rstd.shape)}"
+        )
+
+
 def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev, dw_dtype=_WEIGHT):
-    """The backward launch; ``dw_dtype``: the weight gradient's dtype (default the weight's), or
-    None for no weight gradient (the partials are not summed)."""
+    """The backward launch; ``dw_dtype``: None for no weight gradient (the partials are not
+    summed), else the dtype of a weight gradient summed after the launch (default the weight's;
+    one summed in the launch has the weight's)."""
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
-    grid, consts, opts, single = plan(kernel, dev or device_info(x), (n_cols, n_rows), x.dtype, _bwd_plan, config)
+    grid, consts, opts, single, together = plan(kernel, dev or device_info(x), (n_cols, n_rows), x.dtype, _bwd_plan, config)
     dx = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     alloc = empty if single else torch.zeros
     dw_partial = alloc((grid[0], n_cols), dtype=torch.float32, device=x.device)
-    if ds is None:
-        kwargs = {**consts, "GEMMA": gemma}
+    dw = None
+    if together is not None and dw_dtype is not None:
+        dw = empty((n_cols,), dtype=weight.dtype, device=x.device)
+        kwargs = {**together, "GEMMA": gemma, "DW": dw}
     else:
+        kwargs = {**consts, "GEMMA": gemma}
+    if ds is not None:
         if ds.stride(-1) != 1:
             ds = ds.contiguous()
-        kwargs = {**consts, "GEMMA": gemma, "DS": ds, "stride_ds": ds.stride(0), "HAS_DSUM": True}
+        kwargs.update(DS=ds, stride_ds=ds.stride(0), HAS_DSUM=True)
     launch_bwd(
         grid, (dy, x, weight, rstd, dx, dw_partial, dy.stride(0), x.stride(0), dx.stride(0), n_rows, n_cols, offset),
         kwargs, opts,
     )
-    if dw_dtype is None:
-        return dx, None
+    if dw is not None or dw_dtype is None:
+        return dx, dw
     dw = dw_partial.sum(0)
     dtype = weight.dtype if dw_dtype is _WEIGHT else dw_dtype
     return dx, dw if dtype == torch.float32 else dw.to(dtype)
@@ -317,14 +346,15 @@ def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev, dw_dtype=_
 
 def _eager_dw_dtype(ctx, index: int):
     """The weight gradient an eager backward computes: none for a weight that needs no gradient
-    (frozen, as in LoRA fine-tuning: the partials are not summed), else the fp32 sum as it is. The
+    (frozen, as in LoRA fine-tuning: the partials are not summed), else, where the partials are
+    summed after the launch, the fp32 sum as it is. The
     autograd engine casts a gradient to its input's dtype itself (in C++, the same rounding as
     ``.to``), which costs less host time than a cast called from Python."""
     return torch.float32 if ctx.needs_input_grad[index] else None
 
 
 def _rms_norm_op_fake(x, weight, eps, offset, gemma):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:1], dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty((x.shape[0] + 1,), dtype=torch.float32)
 
 
 @kernel_op("liger_portable::rms_norm", fake=_rms_norm_op_fake)
@@ -386,7 +416,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, g
 def _fused_add_rms_norm_op_fake(x, residual, weight, eps, offset, gemma):
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     s = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return y, s, x.new_empty(x.shape[:1], dtype=torch.float32)
+    return y, s, x.new_empty((x.shape[0] + 1,), dtype=torch.float32)
 
 
 @kernel_op("liger_portable::fused_add_rms_norm", fake=_fused_add_rms_norm_op_fake)
