@@ -8,6 +8,7 @@ CPU tensors (and the ``cpu`` backend) run the pure-PyTorch fallback with the sam
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 from torch.nn.modules import module as _nn_module
@@ -56,12 +57,28 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 1 and t.stride(0) == 1 else t.reshape(-1).contiguous()
 
 
-def _kernel_device(ops, device: torch.device, x: torch.Tensor):
+# Under torch.compile the row norms, GLU products and RoPE are left to the compiler by default
+# ("inductor"): Inductor fuses them with their neighbours and launches its kernels from compiled code
+# at less host time than a user Triton kernel costs it (the compiled step of a small model is
+# host-bound), at the same memory. The losses keep their kernels: they never build the logits.
+# "kernels" keeps every kernel of ours under torch.compile too. Read per call (tests set it).
+UNDER_COMPILE_CHOICES = ("inductor", "kernels")
+UNDER_COMPILE = os.environ.get("LIGER_PORTABLE_UNDER_COMPILE", "inductor")
+if UNDER_COMPILE not in UNDER_COMPILE_CHOICES:
+    raise ValueError(
+        f"LIGER_PORTABLE_UNDER_COMPILE must be one of {', '.join(UNDER_COMPILE_CHOICES)}, got {UNDER_COMPILE!r}"
+    )
+
+
+def _kernel_device(ops, device: torch.device, x: torch.Tensor, generated: bool = False):
     """The :class:`~liger_portable.DeviceInfo` a call on ``x`` launches the Triton kernels of ``ops``
     with, or None for the fallback: Triton is present, ``device`` is the detected GPU backend's (or
-    simulated), the dtype has kernels and there is work to do. (Under torch.compile the ops ignore
+    simulated), the dtype has kernels and there is work to do; ``generated``: an op that Inductor
+    generates under torch.compile (see :data:`UNDER_COMPILE`). (Under torch.compile the ops ignore
     it: their kernel ops look the device up themselves.)"""
     if ops is None or x.dtype not in KERNEL_DTYPES or x.numel() == 0:
+        return None
+    if generated and UNDER_COMPILE == "inductor" and torch.compiler.is_compiling():
         return None
     return kernel_device(device)
 
@@ -123,7 +140,7 @@ def rms_norm(
         return _dtensor.rowwise(
             lambda x, w: rms_norm(x, w, eps, offset=offset, casting_mode=casting_mode), [("x", x)], [("weight", weight)]
         )
-    dev = _kernel_device(_rms_norm_ops, same_device(x=x, weight=weight), x)
+    dev = _kernel_device(_rms_norm_ops, same_device(x=x, weight=weight), x, True)
     if dev is None:
         return fallback.rms_norm(x, weight, eps, float(offset), casting_mode)
     y = _rms_norm_ops.rms_norm(_rows(x, alias=False), weight.contiguous(), eps, float(offset), casting_mode == "gemma", dev)
@@ -182,7 +199,7 @@ def layer_norm(
         device = same_device(x=x, weight=weight, bias=bias)
     else:
         device = same_device(x=x, weight=weight)
-    dev = _kernel_device(_layer_norm_ops, device, x)
+    dev = _kernel_device(_layer_norm_ops, device, x, True)
     if dev is None:
         return fallback.layer_norm(x, weight, bias, eps)
     y = _layer_norm_ops.layer_norm(
@@ -236,7 +253,7 @@ def fused_add_rms_norm(
             lambda x, r, w: fused_add_rms_norm(x, r, w, eps, offset=offset, casting_mode=casting_mode),
             [("x", x), ("residual", residual)], [("weight", weight)],
         )
-    dev = _kernel_device(_rms_norm_ops, same_device(x=x, residual=residual, weight=weight), x)
+    dev = _kernel_device(_rms_norm_ops, same_device(x=x, residual=residual, weight=weight), x, True)
     if dev is None:
         return fallback.fused_add_rms_norm(x, residual, weight, eps, float(offset), casting_mode)
     y, s = _rms_norm_ops.fused_add_rms_norm(
@@ -258,7 +275,7 @@ def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> 
         raise TypeError(f"b has dtype {b.dtype} but a has {a.dtype}; cast one of them, e.g. b.to(a.dtype)")
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be True or False, got {inplace_backward!r}")
-    dev = None if a.dim() == 0 else _kernel_device(_glu_ops, same_device(a=a, b=b), a)
+    dev = None if a.dim() == 0 else _kernel_device(_glu_ops, same_device(a=a, b=b), a, True)
     if dev is None:
         return (fallback.swiglu if act == "silu" else fallback.geglu)(a, b)
     if inplace_backward and torch.is_grad_enabled() and not torch.compiler.is_compiling():
@@ -293,8 +310,9 @@ def glu_down(
     ``nn.Linear`` (a LoRA wrapper, a subclass) or has hooks, DTensor weights, or weights of another
     dtype than ``a``. Used by the MLP modules, whose ``a`` and ``b`` are private.
 
-    Under torch.compile the product is the differentiable kernel op (``ops.glu.glu_op``) inside an
-    activation-checkpoint region (``torch.utils.checkpoint``): the compiler's partitioner then
+    Under torch.compile the product (its PyTorch formula, or with ``UNDER_COMPILE = "kernels"`` the
+    differentiable kernel op ``ops.glu.glu_op``) is put inside an activation-checkpoint region
+    (``torch.utils.checkpoint``): the compiler's partitioner then
     recomputes it in the backward, as the eager path does, instead of saving a (tokens x
     intermediate) tensor per layer (it would not recompute a custom op of its own accord)."""
     weight, bias = getattr(down, "weight", None), getattr(down, "bias", None)
@@ -311,7 +329,7 @@ def glu_down(
         or torch.is_autocast_enabled(a.device.type)
     ):
         return None
-    dev = _kernel_device(_glu_ops, a.device, a)
+    dev = _kernel_device(_glu_ops, a.device, a, True)
     if torch.compiler.is_compiling():
         if dev is None:
             product = fallback.swiglu if act == "silu" else fallback.geglu
@@ -428,7 +446,7 @@ def rope(
     if sin.shape != cos.shape:
         raise ValueError(f"sin must have the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
     device = same_device(q=q, k=k, cos=cos, sin=sin)
-    dev = _kernel_device(_rope_ops, device, q)
+    dev = _kernel_device(_rope_ops, device, q, True)
     if dev is None or _kernel_device(_rope_ops, device, k) is None:
         return fallback.rope(q, k, cos, sin, position_ids, unsqueeze_dim)
     if cos.shape[1] != seq:

@@ -63,6 +63,24 @@ def _seed_per_test(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
+@pytest.fixture(autouse=True)
+def _our_kernels_under_compile(monkeypatch):
+    """The kernel tests trace our kernel ops under torch.compile: every test runs with
+    ``UNDER_COMPILE = "kernels"``; the tests of the default ("inductor") take the ``inductor_under_compile``
+    fixture."""
+    from liger_portable import functional
+
+    monkeypatch.setattr(functional, "UNDER_COMPILE", "kernels")
+
+
+@pytest.fixture
+def inductor_under_compile(monkeypatch):
+    """The default: under torch.compile the norms, GLU products and RoPE are left to Inductor."""
+    from liger_portable import functional
+
+    monkeypatch.setattr(functional, "UNDER_COMPILE", "inductor")
+
+
 def big_memory_lock_path() -> str:
     """The lock file of the big_memory tests: per user (a shared fixed path in the temp folder could
     be planted as a link or collide with another user's run), opened without following links."""

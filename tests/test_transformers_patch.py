@@ -520,16 +520,20 @@ def test_torch_compile_fullgraph(family):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("under_compile", ["inductor", "kernels"])
 @pytest.mark.parametrize("mode", [None, "reduce-overhead", "max-autotune-no-cudagraphs"])
-def test_torch_compile_inductor_gpu(monkeypatch, mode):
+def test_torch_compile_inductor_gpu(monkeypatch, mode, under_compile):
     """A patched model under torch.compile with Inductor on the GPU, in the default mode, with CUDA
     graphs (our ops capture: no host synchronisation inside them) and with max-autotune: no graph
     break (fullgraph), no recompilation after the first step, the loss and gradients of eager
     Hugging Face; and where the kernel ops are triton_ops (CUDA), a compiled step launches the
     per-layer kernels from the compiled code: none goes through liger_portable's Python launcher
-    after the first step."""
+    after the first step. Under either UNDER_COMPILE choice (Inductor's norms, GLU and RoPE, or
+    ours)."""
+    from liger_portable import functional
     from liger_portable.ops import launching
 
+    monkeypatch.setattr(functional, "UNDER_COMPILE", under_compile)
     torch._dynamo.reset()
     dev = torch.device("cuda")
     ref = tiny_model("llama", seed=14).to(dev)
