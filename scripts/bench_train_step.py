@@ -18,6 +18,8 @@ after the model is built to the end (weights, gradients, AdamW state and activat
     python scripts/bench_train_step.py --compile --repeats 3    # each variant under model.compile(), 3 rounds
     python scripts/bench_train_step.py --family llama-150m --repeats 5   # a ~150M model: host-bound steps
 
+``--variants liger-portable-kernels`` is ours with every kernel of ours under torch.compile too
+(``LIGER_PORTABLE_UNDER_COMPILE=kernels``; by default the compiler gets the norms, GLU and RoPE).
 ``--compile [MODE]`` compiles each variant's model after patching (``model.compile(mode=MODE)``;
 ``default``, ``reduce-overhead`` with CUDA graphs, or ``max-autotune-no-cudagraphs``); the warm-up
 steps absorb the compilation. ``--compile-scope layers`` compiles each decoder layer instead of the whole model (torchtitan's way):
@@ -49,7 +51,8 @@ import torch
 from benchlib import environment, markdown_table, record, save_records
 from liger_portable.demo import SIZES as DEMO_SIZES
 
-VARIANTS = ("hf", "liger-kernel", "liger-portable")
+VARIANTS = ("hf", "liger-kernel", "liger-portable", "liger-portable-kernels")
+DEFAULT_VARIANTS = VARIANTS[:3]
 # Per family: config and model classes of transformers, the checkpoint whose dimensions are used,
 # the attention implementation (transformers refuses sdpa for Gemma-2, whose attention logits are
 # soft-capped, so it runs eager, which keeps (batch, heads, seq, seq) scores per layer: hence its
@@ -97,7 +100,9 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=sorted(FAMILIES), default="llama")
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS),
+                    help="liger-portable-kernels: ours with every kernel of ours under torch.compile too "
+                         "(UNDER_COMPILE = 'kernels'; the default leaves the norms, GLU and RoPE to Inductor)")
     ap.add_argument("--batch", type=int, default=None, help="sequences per step (default 4, gemma2 1; --tiny 2)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 4096; --tiny 64)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; --tiny 1)")
@@ -164,9 +169,12 @@ def apply_variant(variant: str, model):
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         _apply_liger_kernel_to_instance(model=model)  # rope, rms_norm, swiglu/geglu, fused linear CE
-    elif variant == "liger-portable":
+    elif variant in ("liger-portable", "liger-portable-kernels"):
+        from liger_portable import functional
         from liger_portable.transformers import patch
 
+        if variant == "liger-portable-kernels":
+            functional.UNDER_COMPILE = "kernels"
         model = patch(model)
     return model
 
@@ -382,10 +390,12 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
 
 
 def _label(args: argparse.Namespace, variant: str) -> str:
-    name = {"hf": "hugging-face"}.get(variant, variant)
+    name = {"hf": "hugging-face", "liger-portable-kernels": "liger-portable"}.get(variant, variant)
     if args.compile:
         name = f"{name} + compile" + ("" if args.compile == "default" else f" ({args.compile})")
         name += " per layer" if args.compile_scope == "layers" else ""
+    if variant == "liger-portable-kernels":
+        name += ", our norms, GLU and RoPE (UNDER_COMPILE=kernels)"
     return name + (" (cuDNN attention off)" if args.no_cudnn_attention else "")
 
 
