@@ -81,6 +81,23 @@ def inductor_under_compile(monkeypatch):
     monkeypatch.setattr(functional, "UNDER_COMPILE", "inductor")
 
 
+@pytest.fixture
+def launches(monkeypatch) -> list:
+    """The names of the kernels launched through liger_portable's Python launcher during the test,
+    in order (the launches still run)."""
+    from liger_portable.ops import launching
+
+    names: list[str] = []
+    real = launching.Launcher.__call__
+
+    def spy(self, *args, **kwargs):
+        names.append(self.fn.__name__)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(launching.Launcher, "__call__", spy)
+    return names
+
+
 def big_memory_lock_path() -> str:
     """The lock file of the big_memory tests: per user (a shared fixed path in the temp folder could
     be planted as a link or collide with another user's run), opened without following links."""

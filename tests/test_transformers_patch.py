@@ -522,7 +522,7 @@ def test_torch_compile_fullgraph(family):
 @pytest.mark.gpu
 @pytest.mark.parametrize("under_compile", ["inductor", "kernels"])
 @pytest.mark.parametrize("mode", [None, "reduce-overhead", "max-autotune-no-cudagraphs"])
-def test_torch_compile_inductor_gpu(monkeypatch, mode, under_compile):
+def test_torch_compile_inductor_gpu(monkeypatch, launches, mode, under_compile):
     """A patched model under torch.compile with Inductor on the GPU, in the default mode, with CUDA
     graphs (our ops capture: no host synchronisation inside them) and with max-autotune: no graph
     break (fullgraph), no recompilation after the first step, the loss and gradients of eager
@@ -539,18 +539,10 @@ def test_torch_compile_inductor_gpu(monkeypatch, mode, under_compile):
     ref = tiny_model("llama", seed=14).to(dev)
     model = lpt.patch(tiny_model("llama", seed=14).to(dev))
     compiled = torch.compile(model, fullgraph=True, mode=mode)
-    launched: list[str] = []
-    real_call = launching.Launcher.__call__
-
-    def counting(self, *args, **kwargs):
-        launched.append(self.fn.__name__)
-        return real_call(self, *args, **kwargs)
-
-    monkeypatch.setattr(launching.Launcher, "__call__", counting)
     frames = []
     for step in range(3):
         data = {k: v.to(dev) for k, v in batch(step).items()}
-        launched.clear()
+        launches.clear()
         if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
         out = compiled(**data)
@@ -565,8 +557,8 @@ def test_torch_compile_inductor_gpu(monkeypatch, mode, under_compile):
     assert frames[1] == frames[2] == frames[0], f"recompiled after the first step: frames compiled {frames}"
     if launching.inductor_launches():
         if mode != "reduce-overhead":  # CUDA graphs replay the loss's launches too
-            assert launched, "the launch counter saw no launch (the loss's kernels run through it)"
-        per_layer = [k for k in launched if k.startswith(("_rms_norm", "_layer_norm", "_glu", "_rope"))]
+            assert launches, "the launch counter saw no launch (the loss's kernels run through it)"
+        per_layer = [k for k in launches if k.startswith(("_rms_norm", "_layer_norm", "_glu", "_rope"))]
         assert per_layer == [], f"launched through Python under torch.compile: {sorted(set(per_layer))}"
 
 

@@ -20,7 +20,6 @@ import torch
 from conftest import SIMULATED_DEVICES, rel_err
 from liger_portable import functional as F
 from liger_portable import simulate
-from liger_portable.ops import launching
 
 pytestmark = pytest.mark.interpreter
 
@@ -78,17 +77,9 @@ def _outputs(out) -> tuple:
 
 @pytest.mark.parametrize("choice", ["inductor", "kernels"])
 @pytest.mark.parametrize("name", GENERATED + ["cross_entropy"])
-def test_what_launches_under_compile(monkeypatch, choice, name):
+def test_what_launches_under_compile(monkeypatch, launches, choice, name):
     monkeypatch.setattr(F, "UNDER_COMPILE", choice)
     fn, inputs, extra, ref = _case(name)
-    launched: list[str] = []
-    real = launching.Launcher.__call__
-
-    def spy(self, *args, **kwargs):
-        launched.append(self.fn.__name__)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(launching.Launcher, "__call__", spy)
     torch._dynamo.reset()
     leaves = [t.clone().requires_grad_() for t in inputs]
     with simulate(SIMULATED_DEVICES["cuda-sm90"]):
@@ -97,7 +88,7 @@ def test_what_launches_under_compile(monkeypatch, choice, name):
         torch.autograd.backward(outs, grads)
     torch._dynamo.reset()
     ours = choice == "kernels" or name not in GENERATED
-    assert bool(launched) == ours, f"{name} under {choice}: launched {launched}"
+    assert bool(launches) == ours, f"{name} under {choice}: launched {launches}"
 
     leaves64 = [t.detach().double().requires_grad_() for t in inputs]
     refs = _outputs(ref(*leaves64))
@@ -109,14 +100,11 @@ def test_what_launches_under_compile(monkeypatch, choice, name):
 
 
 @pytest.mark.parametrize("name", GENERATED)
-def test_eager_calls_launch_our_kernels_under_either_choice(monkeypatch, name, inductor_under_compile):
-    launched: list[str] = []
-    real = launching.Launcher.__call__
-    monkeypatch.setattr(launching.Launcher, "__call__", lambda self, *a, **k: (launched.append(1), real(self, *a, **k))[1])
+def test_eager_calls_launch_our_kernels_under_either_choice(launches, name, inductor_under_compile):
     fn, inputs, extra, _ = _case(name)
     with simulate(SIMULATED_DEVICES["cuda-sm90"]):
         fn(*inputs, *extra)
-    assert launched
+    assert launches
 
 
 def test_default_and_bad_setting():
