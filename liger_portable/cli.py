@@ -13,32 +13,25 @@ import warnings
 
 from ._arguments import DEMO_DESCRIPTION, WARMUP_DESCRIPTION, demo_arguments, warmup_arguments
 
-DESCRIPTION = """\
-Fused Triton kernels for LLM training, with launch configs per GPU vendor and model.
-
-commands:
-  info     the detected backend and devices, and where each kernel's config comes from
-  check    run every kernel on this machine against the float64 PyTorch fallback
-  warmup   tune the kernel problems of one training step of a model (liger-portable warmup -h)
-  demo     train a small Llama-style model with and without the kernels (liger-portable demo -h)
-"""
+DESCRIPTION = "Fused Triton kernels for LLM training, with launch configs per GPU vendor and model."
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="liger-portable", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="liger-portable", description=DESCRIPTION, epilog="`liger-portable COMMAND -h` shows a command's options."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,check,warmup,demo}")
-    info = sub.add_parser("info", help="platform, backend, and where each kernel's config comes from")
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+    info = sub.add_parser("info", help="the detected backend and devices, and where each kernel's config comes from")
     info.add_argument("--json", action="store_true", help="machine-readable output")
-    check = sub.add_parser("check", help="run every kernel on this device against the float64 fallback")
+    check = sub.add_parser("check", help="run every kernel on this machine against the float64 PyTorch fallback")
     check.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     warmup_arguments(sub.add_parser(
         "warmup", help="tune the kernel problems of one training step of a model",
         description=WARMUP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     ))
     demo_arguments(sub.add_parser(
-        "demo", help="train a small Llama-style model with and without the kernels", description=DEMO_DESCRIPTION,
+        "demo", help="train a small Llama-style model with and without the kernels",
+        description=DEMO_DESCRIPTION,
     ))
     return parser
 

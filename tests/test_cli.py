@@ -34,6 +34,8 @@ def test_help_lists_every_command_in_plain_text():
     assert r.returncode == 0, r.stderr
     for command in ("info", "check", "warmup", "demo"):
         assert f"  {command} " in r.stdout, r.stdout
+        listed = [line for line in r.stdout.splitlines() if line.split()[:1] == [command]]
+        assert len(listed) == 1, f"{command} listed {len(listed)} times:\n{r.stdout}"
     assert "``" not in r.stdout and ":mod:" not in r.stdout
 
 
