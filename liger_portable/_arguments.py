@@ -43,8 +43,9 @@ def warmup_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("model", help=f"a preset ({', '.join(PRESETS)}) or a Hugging Face config.json (or its folder)")
     ap.add_argument("--tokens", type=_positive, nargs="+", default=[8192], help="tokens per step on one rank (default 8192)")
     ap.add_argument("--seq-len", type=_positive, default=4096, help="sequence length; capped at --tokens (default 4096)")
-    ap.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=sorted(WARMUP_DTYPES), help="input dtypes")
-    ap.add_argument("--loss", default="fused_linear_cross_entropy", choices=["fused_linear_cross_entropy", "cross_entropy"])
+    ap.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=sorted(WARMUP_DTYPES), help="input dtypes (default bfloat16)")
+    ap.add_argument("--loss", default="fused_linear_cross_entropy", choices=["fused_linear_cross_entropy", "cross_entropy"],
+                    help="the loss the step runs (default fused_linear_cross_entropy: the logits are never built)")
     ap.add_argument("--fused-add-norm", action="store_true", help="the layers use the fused residual-add RMSNorm")
     ap.add_argument("--dry-run", action="store_true", help="list the problems, tune nothing (no GPU needed)")
     ap.add_argument("--json", action="store_true", help="print the list / results as JSON")
