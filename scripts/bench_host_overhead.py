@@ -244,6 +244,36 @@ def _profile(op: str, step: Callable, tensors, n: int, folder: str) -> None:
     print(f"  profile -> {path}")
 
 
+def _main_shape(op: str, make: Callable, main_shape: tuple, dev, args, keep: Callable) -> None:
+    """Eager and graph-replay forward + backward ms of every implementation at the op's main shape."""
+    torch.cuda.empty_cache()
+    tensors, impls = make(*main_shape, dev)
+    shape = f"{main_shape[0]}x{main_shape[1]}"
+    eager: dict[str, list[float]] = {k: [] for k in impls}
+    for _ in range(max(3, args.repeats // 2)):
+        for name, step in impls.items():
+            eager[name].append(eager_ms(step, tensors, args.main_calls))
+    print(f"{op}  forward+backward ms at {shape}: eager (host included) | graph replay (GPU only)")
+    for name, step in impls.items():
+        if name == "liger-kernel" and op in ("cross_entropy", "fused_linear_cross_entropy"):
+            g = float("nan")  # it reads a value back to the host: a capture fails and leaves the
+            med = keep(op, shape, name, "fwd_bwd_eager_ms", eager[name])  # RNG in capture mode
+            print(f"  {name:<32} {med:8.3f} |      n/a")
+            continue
+
+        def graph_step(step=step, tensors=tensors):
+            _zero(tensors)
+            step()
+
+        g = graph_ms(graph_step)
+        med = keep(op, shape, name, "fwd_bwd_eager_ms", eager[name])
+        if g == g:  # not nan
+            keep(op, shape, name, "fwd_bwd_graph_ms", [g])
+        print(f"  {name:<32} {med:8.3f} | {g:8.3f}")
+    del tensors, impls
+    torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated, from: " + ", ".join(OPS))
@@ -262,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  liger-kernel {env.get('liger_kernel')}  "
           f"liger-portable {env.get('liger_portable')}  cached launcher: {launching.supported()}")
     records: list[dict] = []
+    saved, path = 0, None
 
     def keep(op, shape, impl, metric, values):
         med = statistics.median(values)
@@ -304,37 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             _profile(op, impls["liger-portable"], tensors, args.calls, args.profile)
         del tensors, impls
-        if args.no_main:
-            continue
-        # ---- eager and graph-replay ms at the main shape
-        torch.cuda.empty_cache()
-        tensors, impls = make(*main_shape, dev)
-        shape = f"{main_shape[0]}x{main_shape[1]}"
-        eager: dict[str, list[float]] = {k: [] for k in impls}
-        for _ in range(max(3, args.repeats // 2)):
-            for name, step in impls.items():
-                eager[name].append(eager_ms(step, tensors, args.main_calls))
-        print(f"{op}  forward+backward ms at {shape}: eager (host included) | graph replay (GPU only)")
-        for name, step in impls.items():
-            if name == "liger-kernel" and op in ("cross_entropy", "fused_linear_cross_entropy"):
-                g = float("nan")  # it reads a value back to the host: a capture fails and leaves the
-                med = keep(op, shape, name, "fwd_bwd_eager_ms", eager[name])  # RNG in capture mode
-                print(f"  {name:<32} {med:8.3f} |      n/a")
-                continue
+        if not args.no_main:
+            _main_shape(op, make, main_shape, dev, args, keep)
+        saved += len(records)  # each op's records as soon as it is done: a run cut short keeps them
+        path = save_records("host_overhead", records)
+        records.clear()
 
-            def graph_step(step=step, tensors=tensors):
-                _zero(tensors)
-                step()
-
-            g = graph_ms(graph_step)
-            med = keep(op, shape, name, "fwd_bwd_eager_ms", eager[name])
-            if g == g:  # not nan
-                keep(op, shape, name, "fwd_bwd_graph_ms", [g])
-            print(f"  {name:<32} {med:8.3f} | {g:8.3f}")
-        del tensors, impls
-        torch.cuda.empty_cache()
-
-    print(f"\n{len(records)} records -> {save_records('host_overhead', records)}")
+    print(f"\n{saved} records -> {path}")
     return 0
 
 
