@@ -93,3 +93,34 @@ def test_subcommand_help_lists_its_arguments_in_plain_text(command):
     for option in {"warmup": ("--tokens", "--seq-len", "--dry-run", "llama-3-8b"), "demo": ("--steps", "--device", "--json")}[command]:
         assert option in r.stdout, r.stdout
     assert "``" not in r.stdout and ":func:" not in r.stdout
+
+
+def test_check_covers_every_public_op_and_reports_wrong_or_failing_kernels(monkeypatch, capsys):
+    """`liger-portable check` on the CPU: a case for every public op of ``functional``, each in the
+    three dtypes; a kernel off by 1e-3 (within bf16's and fp16's tolerance, 100x fp32's) fails its
+    fp32 cases, and one that raises fails all of its own, while the others are still checked and pass."""
+    from liger_portable import cli, functional
+
+    real_rms_norm = functional.rms_norm
+
+    def off_by_a_little(*args, **kwargs):
+        return real_rms_norm(*args, **kwargs) * (1 + 1e-3)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a kernel that fails to launch")
+
+    monkeypatch.setattr(functional, "rms_norm", off_by_a_little)
+    monkeypatch.setattr(functional, "rope", broken)
+    assert cli.main(["check"]) == 1
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    results = {}  # (case name, dtype) -> ["PASS" | "FAIL", ...]
+    for status, name, dtype, *_ in lines:
+        results.setdefault((name, dtype), []).append(status)
+    # a case's op: its name before the mode; a case that raised is named by its check function
+    ops = {name.split("[")[0].removeprefix("_check_").replace("flce", "fused_linear_cross_entropy") for name, _ in results}
+    assert ops >= set(functional.__all__), ops
+    assert {dtype for _, dtype in results} == {"float32", "bfloat16", "float16"}
+    for (name, dtype), statuses in results.items():
+        failing = (name.startswith("rms_norm[") and dtype == "float32") or name == "_check_rope"
+        assert statuses == ["FAIL" if failing else "PASS"] * len(statuses), (name, dtype, statuses)
+    assert ("_check_rope", "float32") in results and ("rms_norm[llama]", "float32") in results
