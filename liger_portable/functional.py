@@ -438,8 +438,9 @@ def rope(
             f"got {k.shape[seq_dim]} (shape {tuple(k.shape)})"
         )
     if cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[2] != head_dim:
+        batches = "1" if batch == 1 else f"1 or {batch}"
         raise ValueError(
-            f"cos must have shape (1 or {batch}, >= {seq}, {head_dim}) (batch, seq, head_dim), got {tuple(cos.shape)}"
+            f"cos must have shape ({batches}, >= {seq}, {head_dim}) (batch, seq, head_dim), got {tuple(cos.shape)}"
         )
     if cos.shape[1] < seq:
         raise ValueError(f"cos must cover at least the {seq} positions of q, got {cos.shape[1]} (shape {tuple(cos.shape)})")

@@ -205,6 +205,8 @@ def test_integer_tensors_named(which):
         (lambda a: (a[0], a[1], torch.ones(3, 8), torch.ones(3, 8)), r"cos must have shape \(1 or 2, >= 3, 8\)"),
         (lambda a: (a[0], a[1], torch.ones(3, 3, 8), torch.ones(3, 3, 8)), r"cos must have shape \(1 or 2, >= 3, 8\)"),
         (lambda a: (a[0], a[1], torch.ones(1, 3, 4), torch.ones(1, 3, 4)), r"cos must have shape"),
+        (lambda a: (torch.ones(1, 4, 3, 8), torch.ones(1, 2, 3, 8), torch.ones(1, 3, 6), torch.ones(1, 3, 6)),
+         r"cos must have shape \(1, >= 3, 8\) \(batch, seq, head_dim\), got \(1, 3, 6\)"),
         (lambda a: (a[0], a[1], torch.ones(1, 2, 8), torch.ones(1, 2, 8)), r"cos must cover at least the 3 positions of q, got 2"),
         (lambda a: (a[0], a[1], a[2], torch.ones(2, 3, 8)), r"sin must have the shape of cos \(1, 3, 8\)"),
         (lambda a: (torch.ones(4, 3, 8), a[1], a[2], a[3]), r"q must be 4-D \(batch, heads, seq, head_dim\)"),
