@@ -289,7 +289,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 try:
                     r = fn(device, dtype, shape, mode)
                 except Exception as e:  # report every failure, keep checking the rest
-                    r = CheckResult(fn.__name__, dtype, shape, False, f"{type(e).__name__}: {e}")
+                    op = fn.__name__.removeprefix("_check_")
+                    r = CheckResult(f"{op}[{mode}]", dtype, shape, False, f"{type(e).__name__}: {e}")
                 failures += not r.ok
                 dt = str(r.dtype).removeprefix("torch.")
                 print(f"  {'PASS' if r.ok else 'FAIL'}  {r.name:<18} {dt:<9} {str(r.shape):<12} {r.detail}")

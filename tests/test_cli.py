@@ -116,11 +116,10 @@ def test_check_covers_every_public_op_and_reports_wrong_or_failing_kernels(monke
     results = {}  # (case name, dtype) -> ["PASS" | "FAIL", ...]
     for status, name, dtype, *_ in lines:
         results.setdefault((name, dtype), []).append(status)
-    # a case's op: its name before the mode; a case that raised is named by its check function
-    ops = {name.split("[")[0].removeprefix("_check_").replace("flce", "fused_linear_cross_entropy") for name, _ in results}
+    ops = {name.split("[")[0].replace("flce", "fused_linear_cross_entropy") for name, _ in results}
     assert ops >= set(functional.__all__), ops
     assert {dtype for _, dtype in results} == {"float32", "bfloat16", "float16"}
     for (name, dtype), statuses in results.items():
-        failing = (name.startswith("rms_norm[") and dtype == "float32") or name == "_check_rope"
+        failing = (name.startswith("rms_norm[") and dtype == "float32") or name.startswith("rope[")
         assert statuses == ["FAIL" if failing else "PASS"] * len(statuses), (name, dtype, statuses)
-    assert ("_check_rope", "float32") in results and ("rms_norm[llama]", "float32") in results
+    assert ("rope[hf]", "float32") in results and ("rms_norm[llama]", "float32") in results
