@@ -30,8 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         description=WARMUP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     ))
     demo_arguments(sub.add_parser(
-        "demo", help="train a small Llama-style model with and without the kernels",
-        description=DEMO_DESCRIPTION,
+        "demo", help="train a small Llama-style model with and without the kernels", description=DEMO_DESCRIPTION,
     ))
     return parser
 
