@@ -38,7 +38,9 @@ From the shell::
                                                          # distributed_check.py --json
 
 RESULTS.md shows the latest figure (latest date; on the same date, the later line of the log) for
-each op, shape, implementation and metric; the log keeps the history.
+each op, shape, implementation and metric; the log keeps the history. The headline tables show the
+implementations users compare (ours, its peers, torch); any other implementation (an A/B probe of a change,
+a host-cost breakdown, a prototype) is listed in the closing "Probes" table.
 """
 
 from __future__ import annotations
@@ -313,11 +315,22 @@ METRICS = {  # metric: what it means (the order of the sections in RESULTS.md)
     "gbs": "Measured ceiling: device-to-device copy bandwidth, GB/s (bytes read plus bytes written).",
     "tflops": "Measured ceiling: bf16 matrix-product rate, TFLOP/s.",
 }
+# The implementations of the headline tables, in their column order. A record of any other
+# implementation (an A/B probe, a cost breakdown, a prototype) goes to the "Probes" section at the end;
+# a ratio "A / B" is a headline figure when A and B both are.
 _IMPLS = ["liger-portable", "liger-portable in place", "liger-portable chunk_mib=512",
-          "liger-portable chunk_mib=1024", "liger-portable unfused", "torch.compile", "liger-kernel",
-          "cut-cross-entropy", "F.rms_norm", "F.layer_norm", "hugging-face", "eager"]
+          "liger-portable chunk_mib=1024", "liger-portable unfused", "liger-portable single-buffered",
+          "liger-portable tuned", "liger-portable table default", "liger-portable + compile",
+          "liger-portable + compile per layer", "torch.compile", "liger-kernel", "liger-kernel + compile",
+          "cut-cross-entropy", "F.rms_norm", "F.layer_norm", "add + F.rms_norm", "torch", "torch (cuBLAS)",
+          "hugging-face", "hugging-face + compile", "hugging-face + compile per layer", "eager"]
 _OPS = ["rms_norm", "layer_norm", "fused_add_rms_norm", "swiglu", "geglu", "rope", "cross_entropy",
         "fused_linear_cross_entropy", "train_step", "demo"]
+
+
+def is_probe(impl: str) -> bool:
+    """Whether ``impl`` is outside the headline implementations (its figures go to the Probes section)."""
+    return not all(part in _IMPLS for part in impl.split(" / "))
 
 
 def _shape_str(shape) -> str:
@@ -414,6 +427,8 @@ def summary_text(records: list[dict]) -> str:
               "`python scripts/results_log.py summary`.", "",
               "Environments (device; versions; `liger_portable` is the commit measured, where known):", ""]
     lines += [f"- **{label}**: {e}" for e, label in envs.items()]
+    probes = [r for r in best if is_probe(r["impl"])]
+    best = [r for r in best if not is_probe(r["impl"])]
     for metric in sorted({r["metric"] for r in best}, key=lambda m: _order(m, list(METRICS))):
         lines += ["", f"## {metric}"]
         if metric in METRICS:
@@ -456,6 +471,17 @@ def summary_text(records: list[dict]) -> str:
                       f"{_cell(r, shows_memory(r['op']))} | {r['date']} | "
                       f"{env(r)} |" for r in single]
             lines += _notes([(r["op"], _shape_str(r["shape"]), r["note"]) for r in single if r.get("note")], [])
+    if probes:
+        probes.sort(key=lambda r: (_order(r["metric"], list(METRICS)), _order(r["op"], _OPS), r["op"],
+                                   _natural(_shape_str(r["shape"])), r["impl"], r["device"]))
+        lines += ["", "## Probes", "",
+                  "One-off figures beside the headline ones: A/B probes of a change, host-cost breakdowns, "
+                  "prototypes (the metrics as above).", "",
+                  "| metric | op | shape | impl | value | date | env | note |", "|---|---|---|---|---|---|---|---|"]
+        numbers = {n: i for i, n in enumerate(dict.fromkeys(r["note"] for r in probes if r.get("note")), 1)}
+        lines += [f"| {r['metric']} | {r['op']} | {_shape_str(r['shape'])} | {r['impl']} | {_cell(r)} | "
+                  f"{r['date']} | {env(r)} | {numbers[r['note']] if r.get('note') else ''} |" for r in probes]
+        lines += [""] + [f"{i}. {n}" for n, i in numbers.items()]
     return "\n".join(lines) + "\n"
 
 

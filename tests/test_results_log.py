@@ -77,6 +77,20 @@ def test_summary_shows_the_latest_figure(tmp_path):
     assert rl.summary(log, out) == text  # idempotent
 
 
+def test_summary_puts_probes_after_the_headline_tables(tmp_path):
+    log, out = tmp_path / "log.jsonl", tmp_path / "RESULTS.md"
+    rl.append([rec(0.182), rec(0.25, impl="liger-kernel"), rec(0.31, impl="liger-portable (old launch)", note="A/B"),
+               rl.record("rms_norm", "16x4096", "liger-portable / F.rms_norm", "host_ratio", 1.9, env=ENV)], log)
+    text = rl.summary(log, out)
+    head, probes = text.split("\n## Probes\n")
+    assert "| shape | liger-portable | liger-kernel | date | env |" in head and "old launch" not in head
+    assert "| shape | liger-portable / F.rms_norm | date | env |" not in head  # one impl: the single table
+    assert "| rms_norm | 16x4096 | liger-portable / F.rms_norm | 1.9 |" in head  # a ratio of headline impls
+    assert "| fwd_bwd_graph_ms | rms_norm | 16384x4096 | liger-portable (old launch) | 0.31 | 2026-12-03 | E1 | 1 |" in probes
+    assert "\n1. A/B" in probes
+    assert rl.is_probe("liger-portable (sums in the launch) / F.rms_norm") and not rl.is_probe("liger-kernel / eager")
+
+
 def test_records_from_tool_output():
     pytest_out = "...\n================= 398 passed, 56 warnings in 172.41s (0:02:52) =================\n"
     (r,) = rl.from_output("pytest", pytest_out, ENV)
