@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from . import configs, fallback, functional as F
-from .hardware import PlatformError, platform
+from .hardware import platform
 from .specs import SPECS
 
 @dataclass
@@ -37,7 +37,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 _TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
-def _check_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+def _check_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen).to(dtype)
     w = (torch.rand(shape[-1], generator=gen) + 0.5).to(dtype)
@@ -50,12 +50,10 @@ def _check_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode
     out = F.rms_norm(xg, wg, 1e-6, offset=offset, casting_mode=mode)
     out.backward(dy.to(device))
     errs = {"y": _rel(out, ref), "dx": _rel(xg.grad, xd.grad), "dw": _rel(wg.grad, wd.grad)}
-    ok = all(e <= _TOL[dtype] for e in errs.values())
-    detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
-    return CheckResult(f"rms_norm[{mode}]", dtype, shape, ok, detail)
+    return errs
 
 
-def _check_layer_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+def _check_layer_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=gen) * 2 + 0.3).to(dtype)
     w = (torch.rand(shape[-1], generator=gen) + 0.5).to(dtype)
@@ -72,12 +70,10 @@ def _check_layer_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mo
     errs = {"y": _rel(out, ref), "dx": _rel(xg.grad, xd.grad), "dw": _rel(wg.grad, wd.grad)}
     if b is not None:
         errs["db"] = _rel(bg.grad, bd.grad)
-    ok = all(e <= _TOL[dtype] for e in errs.values())
-    detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
-    return CheckResult(f"layer_norm[{mode}]", dtype, shape, ok, detail)
+    return errs
 
 
-def _check_rope(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+def _check_rope(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> dict[str, float]:
     # shape (batch, q heads, k heads, seq, head_dim); mode "hf": Hugging Face's transposed view with
     # unsqueeze_dim=1, "bshd": (batch, seq, heads, head_dim) with unsqueeze_dim=2.
     b, hq, hk, s, d = shape
@@ -99,12 +95,10 @@ def _check_rope(device: torch.device, dtype: torch.dtype, shape: tuple, mode: st
     oq, ok_ = F.rope(view(qg), view(kg), cos.to(device), sin.to(device), unsqueeze_dim=dim)
     torch.autograd.backward([oq, ok_], [view(dq.to(device)), view(dk.to(device))])
     errs = {"q": _rel(oq, rq), "k": _rel(ok_, rk), "dq": _rel(qg.grad, qd.grad), "dk": _rel(kg.grad, kd.grad)}
-    ok = all(e <= _TOL[dtype] for e in errs.values())
-    detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
-    return CheckResult(f"rope[{mode}]", dtype, shape, ok, detail)
+    return errs
 
 
-def _check_glu(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+def _check_glu(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> dict[str, float]:
     # mode "swiglu" or "geglu"; both backward modes: out of place (a, b kept), then in place (as the MLPs).
     gen = torch.Generator().manual_seed(0)
     a = (torch.randn(shape, generator=gen) * 2).to(dtype)
@@ -122,12 +116,10 @@ def _check_glu(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str
         errs |= {f"c{tag}": _rel(out, ref), f"da{tag}": _rel(ag.grad, ad.grad), f"db{tag}": _rel(bg.grad, bd.grad)}
         if not inplace and not (torch.equal(ag.detach().cpu(), a) and torch.equal(bg.detach().cpu(), b)):
             errs["a,b kept"] = float("inf")
-    ok = all(e <= _TOL[dtype] for e in errs.values())
-    detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
-    return CheckResult(mode, dtype, shape, ok, detail)
+    return errs
 
 
-def _check_fused_add_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+def _check_fused_add_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> dict[str, float]:
     # Gradients reach both outputs (the normed one and the sum), as in a decoder layer.
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen).to(dtype)
@@ -146,12 +138,10 @@ def _check_fused_add_rms_norm(device: torch.device, dtype: torch.dtype, shape: t
         "y": _rel(y, ref_y), "s": _rel(s, ref_s),
         "dx": _rel(xg.grad, xd.grad), "dr": _rel(rg.grad, rd.grad), "dw": _rel(wg.grad, wd.grad),
     }
-    ok = all(e <= _TOL[dtype] for e in errs.values())
-    detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
-    return CheckResult(f"fused_add_rms_norm[{mode}]", dtype, shape, ok, detail)
+    return errs
 
 
-def _check_cross_entropy(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+def _check_cross_entropy(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> dict[str, float]:
     # mode "plain" or "all" (label smoothing + z-loss + softcap, a quarter of the rows ignored).
     n_rows, V = shape
     gen = torch.Generator().manual_seed(0)
@@ -168,11 +158,10 @@ def _check_cross_entropy(device: torch.device, dtype: torch.dtype, shape: tuple,
     out = F.cross_entropy(xg, t.to(device), **opts)
     out.backward()
     errs = {"loss": _rel(out, ref), "dx": _rel(xg.grad, xd.grad)}
-    ok = all(e <= _TOL[dtype] for e in errs.values())
-    return CheckResult(f"cross_entropy[{mode}]", dtype, shape, ok, " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return errs
 
 
-def _check_fused_linear_cross_entropy(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> CheckResult:
+def _check_fused_linear_cross_entropy(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str) -> dict[str, float]:
     # shape (BT, H, V); mode "plain" or "bias_all" (bias, label smoothing, z-loss, softcap).
     BT, H, V = shape
     gen = torch.Generator().manual_seed(0)
@@ -194,24 +183,25 @@ def _check_fused_linear_cross_entropy(device: torch.device, dtype: torch.dtype, 
     errs = {"loss": _rel(out, ref), "dh": _rel(hg.grad, hd.grad), "dw": _rel(wg.grad, wd.grad)}
     if b is not None:
         errs["db"] = _rel(bg.grad, bd.grad)
-    ok = all(e <= _TOL[dtype] for e in errs.values())
-    return CheckResult(f"flce[{mode}]", dtype, shape, ok, " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return errs
 
 
-_CHECKS: list[tuple[Callable, tuple, tuple]] = [
-    (_check_rms_norm, (7, 4096), ("llama", "gemma")),
-    (_check_rms_norm, (3, 70001), ("llama",)),
-    (_check_fused_add_rms_norm, (7, 4096), ("llama", "gemma")),
-    (_check_fused_add_rms_norm, (3, 70001), ("llama",)),
-    (_check_layer_norm, (7, 4096), ("bias", "no_bias")),
-    (_check_layer_norm, (3, 70001), ("bias",)),
-    (_check_glu, (5, 14336), ("swiglu", "geglu")),
-    (_check_glu, (3, 1001), ("swiglu", "geglu")),
-    (_check_rope, (2, 8, 2, 300, 128), ("hf", "bshd")),
-    (_check_rope, (1, 5, 1, 77, 80), ("hf",)),
-    (_check_cross_entropy, (64, 128256), ("plain", "all")),
-    (_check_cross_entropy, (5, 4097), ("all",)),
-    (_check_fused_linear_cross_entropy, (300, 256, 32001), ("plain", "bias_all")),
+# (check, case name, shape, modes): a check returns its outputs' and gradients' relative errors
+# against float64; "{mode}" in the name is the mode.
+_CHECKS: list[tuple[Callable[..., dict[str, float]], str, tuple, tuple]] = [
+    (_check_rms_norm, "rms_norm[{mode}]", (7, 4096), ("llama", "gemma")),
+    (_check_rms_norm, "rms_norm[{mode}]", (3, 70001), ("llama",)),
+    (_check_fused_add_rms_norm, "fused_add_rms_norm[{mode}]", (7, 4096), ("llama", "gemma")),
+    (_check_fused_add_rms_norm, "fused_add_rms_norm[{mode}]", (3, 70001), ("llama",)),
+    (_check_layer_norm, "layer_norm[{mode}]", (7, 4096), ("bias", "no_bias")),
+    (_check_layer_norm, "layer_norm[{mode}]", (3, 70001), ("bias",)),
+    (_check_glu, "{mode}", (5, 14336), ("swiglu", "geglu")),
+    (_check_glu, "{mode}", (3, 1001), ("swiglu", "geglu")),
+    (_check_rope, "rope[{mode}]", (2, 8, 2, 300, 128), ("hf", "bshd")),
+    (_check_rope, "rope[{mode}]", (1, 5, 1, 77, 80), ("hf",)),
+    (_check_cross_entropy, "cross_entropy[{mode}]", (64, 128256), ("plain", "all")),
+    (_check_cross_entropy, "cross_entropy[{mode}]", (5, 4097), ("all",)),
+    (_check_fused_linear_cross_entropy, "flce[{mode}]", (300, 256, 32001), ("plain", "bias_all")),
 ]
 
 
@@ -283,14 +273,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"liger-portable check on {where}")
     failures = 0
     t0 = time.perf_counter()
-    for fn, shape, modes in _CHECKS:
+    for fn, name, shape, modes in _CHECKS:
         for mode in modes:
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
                 try:
-                    r = fn(device, dtype, shape, mode)
+                    errs = fn(device, dtype, shape, mode)
+                    r = CheckResult(name.format(mode=mode), dtype, shape, all(e <= _TOL[dtype] for e in errs.values()),
+                                    " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
                 except Exception as e:  # report every failure, keep checking the rest
-                    op = fn.__name__.removeprefix("_check_")
-                    r = CheckResult(f"{op}[{mode}]", dtype, shape, False, f"{type(e).__name__}: {e}")
+                    r = CheckResult(name.format(mode=mode), dtype, shape, False, f"{type(e).__name__}: {e}")
                 failures += not r.ok
                 dt = str(r.dtype).removeprefix("torch.")
                 print(f"  {'PASS' if r.ok else 'FAIL'}  {r.name:<18} {dt:<9} {str(r.shape):<12} {r.detail}")
