@@ -24,7 +24,6 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as TF
 
 from benchlib import environment, peak_extra_mib, save_records, timing_records
 
