@@ -9,6 +9,7 @@ The figures go to the results log as metric ``host_us`` (``$OUT/resolve.jsonl`` 
 
 from __future__ import annotations
 
+import argparse
 import timeit
 
 import torch
@@ -20,7 +21,8 @@ from liger_portable.configs import resolve
 from liger_portable.hardware import DeviceInfo
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     p = liger_portable.platform()
     dev = p.device(0) if p.backend != "cpu" else DeviceInfo("cuda", 0, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
     problems = [(h, r) for h in (1024, 2880, 4096, 5120, 8192) for r in (2048, 16384)]
