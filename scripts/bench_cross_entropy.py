@@ -20,8 +20,8 @@ import argparse
 import torch
 
 from benchlib import (
-    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, save_records,
-    sweep_records, timing_records,
+    graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
+    timing_records,
 )
 
 import liger_portable
@@ -124,11 +124,7 @@ def main() -> None:
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
-    env = environment()
-    ceiling = copy_bandwidth_gbs()
-    env["copy_gbs"] = ceiling
-    print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    records = ceiling_records(copy_gbs=ceiling)
+    ceiling, records = measure_ceiling("copy")
     if args.sweep:
         for r, v in shapes:
             records += sweep_records("cross_entropy", f"{r}x{v}", sweep(r, v, dtype, ceiling), dtype=args.dtype)

@@ -33,8 +33,8 @@ import argparse
 import torch
 
 from benchlib import (
-    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile,
-    record, save_records, sweep_records, timing_records,
+    graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, record, save_records,
+    sweep_records, timing_records,
 )
 
 import liger_portable
@@ -243,11 +243,7 @@ def main() -> None:
     if args.hidden is None:
         args.hidden = [4096] if args.sweep else [4096, 2880, 5120, 8192]
     dtype = getattr(torch, args.dtype)
-    env = environment()
-    ceiling = copy_bandwidth_gbs()
-    env["copy_gbs"] = ceiling
-    print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    records = ceiling_records(copy_gbs=ceiling)
+    ceiling, records = measure_ceiling("copy")
     if args.sweep:
         for h in args.hidden:
             for kernel, res in sweep(h, args.rows, dtype, ceiling, args.kernels, args.all_points).items():

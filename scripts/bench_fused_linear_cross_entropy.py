@@ -25,8 +25,8 @@ import argparse
 import torch
 
 from benchlib import (
-    ceiling_records, environment, graph_ms, markdown_table, matmul_tflops, median_ms, peak_extra_mib, save_records,
-    sweep_records, timing_records,
+    graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
+    timing_records,
 )
 
 import liger_portable
@@ -192,11 +192,7 @@ def main() -> None:
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     shapes = parse_shapes(args.shapes)
-    env = environment()
-    ceiling = matmul_tflops()
-    env["matmul_tflops"] = ceiling
-    print(f"{env}\nbf16 matmul ceiling {ceiling:.0f} TFLOP/s")
-    records = ceiling_records(tflops=ceiling)
+    ceiling, records = measure_ceiling("matmul")
     if args.sweep:
         for s in shapes[:1]:
             records += sweep_records("fused_linear_cross_entropy", "x".join(map(str, s)), sweep(*s, dtype, ceiling),

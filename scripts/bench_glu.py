@@ -43,8 +43,8 @@ import time
 import torch
 
 from benchlib import (
-    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, save_records,
-    sweep_records, timing_records,
+    graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
+    timing_records,
 )
 
 import liger_portable
@@ -223,11 +223,7 @@ def main() -> None:
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     t_start = time.perf_counter()
-    env = environment()
-    ceiling = copy_bandwidth_gbs()
-    env["copy_gbs"] = ceiling
-    print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    records = ceiling_records(copy_gbs=ceiling)
+    ceiling, records = measure_ceiling("copy")
     if args.sweep:
         rows, n = args.shapes[0]
         epp = None if args.all_points else (args.min_epp or 16 // dtype.itemsize, args.max_epp)

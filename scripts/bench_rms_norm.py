@@ -16,8 +16,8 @@ import argparse
 import torch
 
 from benchlib import (
-    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile,
-    save_records, sweep_records, timing_records,
+    graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, save_records, sweep_records,
+    timing_records,
 )
 
 import liger_portable
@@ -147,11 +147,7 @@ def main() -> None:
     ap.add_argument("--kernels", nargs="+", default=["rms_norm_fwd", "rms_norm_bwd"], help="for --sweep")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    env = environment()
-    ceiling = copy_bandwidth_gbs()
-    env["copy_gbs"] = ceiling
-    print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    records = ceiling_records(copy_gbs=ceiling)
+    ceiling, records = measure_ceiling("copy")
     if args.sweep:
         for h in args.hidden:
             for kernel, res in sweep(h, args.rows, dtype, ceiling, args.kernels).items():

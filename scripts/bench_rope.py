@@ -27,8 +27,8 @@ import argparse
 import torch
 
 from benchlib import (
-    ceiling_records, copy_bandwidth_gbs, environment, graph_ms, markdown_table, median_ms, peak_extra_mib, precompile,
-    save_records, sweep_records, timing_records,
+    graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, save_records, sweep_records,
+    timing_records,
 )
 
 import liger_portable
@@ -196,11 +196,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    env = environment()
-    ceiling = copy_bandwidth_gbs()
-    env["copy_gbs"] = ceiling
-    print(f"{env}\ncopy ceiling {ceiling:.0f} GB/s")
-    records = ceiling_records(copy_gbs=ceiling)
+    ceiling, records = measure_ceiling("copy")
     if args.sweep:
         for n in args.shapes:
             records += sweep_records("rope", shape_name(SHAPES[n]), sweep(n, SHAPES[n], dtype, ceiling), dtype=args.dtype)

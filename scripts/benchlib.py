@@ -139,6 +139,22 @@ def ceiling_records(copy_gbs: float | None = None, tflops: float | None = None) 
     return out
 
 
+def measure_ceiling(kind: str = "copy") -> tuple[float, list[dict]]:
+    """Print this run's environment, measure its ceiling and return it with its records: ``"copy"``
+    the device copy bandwidth (GB/s, for the memory-bound kernels), ``"matmul"`` the bf16 matrix-product
+    rate (TFLOP/s, for the fused linear cross-entropy)."""
+    e = environment()
+    if kind == "copy":
+        value = e["copy_gbs"] = copy_bandwidth_gbs()
+        print(f"{e}\ncopy ceiling {value:.0f} GB/s")
+        return value, ceiling_records(copy_gbs=value)
+    if kind == "matmul":
+        value = e["matmul_tflops"] = matmul_tflops()
+        print(f"{e}\nbf16 matmul ceiling {value:.0f} TFLOP/s")
+        return value, ceiling_records(tflops=value)
+    raise ValueError(f"kind must be 'copy' or 'matmul', got {kind!r}")
+
+
 def sweep_records(kernel: str, shape, result: dict, **extra) -> list[dict]:
     """A sweep's outcome for one kernel and shape (``{"default_ms", "default", "top": [(ms, ..., cfg)]}``):
     the table default's time and the best point's, metric ``kernel_ms``, each with its config."""

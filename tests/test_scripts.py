@@ -31,3 +31,19 @@ def test_script_answers_help_without_running(name, tmp_path):
     assert r.stdout.startswith("usage: "), r.stdout[:500]
     assert list(out.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert log.stat().st_size == before
+
+
+def test_measure_ceiling_prints_and_records_the_ceiling(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import benchlib
+
+    monkeypatch.setattr(benchlib, "copy_bandwidth_gbs", lambda: 4321.0)
+    monkeypatch.setattr(benchlib, "matmul_tflops", lambda: 765.0)
+    value, records = benchlib.measure_ceiling("copy")
+    assert value == 4321.0 and [(r["metric"], r["value"]) for r in records] == [("gbs", 4321.0)]
+    assert "'copy_gbs': 4321.0" in capsys.readouterr().out
+    value, records = benchlib.measure_ceiling("matmul")
+    assert value == 765.0 and [(r["metric"], r["value"]) for r in records] == [("tflops", 765.0)]
+    assert "bf16 matmul ceiling 765 TFLOP/s" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="kind must be 'copy' or 'matmul'"):
+        benchlib.measure_ceiling("flops")
