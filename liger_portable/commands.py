@@ -275,13 +275,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     for fn, name, shape, modes in _CHECKS:
         for mode in modes:
+            case = name.format(mode=mode)
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
                 try:
                     errs = fn(device, dtype, shape, mode)
-                    r = CheckResult(name.format(mode=mode), dtype, shape, all(e <= _TOL[dtype] for e in errs.values()),
+                    r = CheckResult(case, dtype, shape, all(e <= _TOL[dtype] for e in errs.values()),
                                     " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
                 except Exception as e:  # report every failure, keep checking the rest
-                    r = CheckResult(name.format(mode=mode), dtype, shape, False, f"{type(e).__name__}: {e}")
+                    r = CheckResult(case, dtype, shape, False, f"{type(e).__name__}: {e}")
                 failures += not r.ok
                 dt = str(r.dtype).removeprefix("torch.")
                 print(f"  {'PASS' if r.ok else 'FAIL'}  {r.name:<18} {dt:<9} {str(r.shape):<12} {r.detail}")

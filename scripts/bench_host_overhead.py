@@ -256,8 +256,8 @@ def _main_shape(op: str, make: Callable, main_shape: tuple, dev, args, keep: Cal
     print(f"{op}  forward+backward ms at {shape}: eager (host included) | graph replay (GPU only)")
     for name, step in impls.items():
         if name == "liger-kernel" and op in ("cross_entropy", "fused_linear_cross_entropy"):
-            g = float("nan")  # it reads a value back to the host: a capture fails and leaves the
-            med = keep(op, shape, name, "fwd_bwd_eager_ms", eager[name])  # RNG in capture mode
+            # it reads a value back to the host: a capture fails and leaves the RNG in capture mode
+            med = keep(op, shape, name, "fwd_bwd_eager_ms", eager[name])
             print(f"  {name:<32} {med:8.3f} |      n/a")
             continue
 
