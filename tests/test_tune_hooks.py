@@ -374,8 +374,12 @@ def test_precompile_is_serial_in_the_interpreter_and_with_a_custom_timer(monkeyp
 @pytest.mark.gpu
 def test_graph_timing_excludes_the_host_gpu():
     """Inside tune(dedicated=True) do_bench_ms times CUDA-graph replays: a launch whose host side
-    is slow (0.5 ms of Python before a tiny kernel) measures the kernel, where eager timing measures
-    the host. The replays really run the kernel."""
+    is slow (3 ms of Python before a tiny kernel) measures the kernel, where eager timing measures
+    the host. The replays really run the kernel.
+
+    The host's 3 ms are long beside the cache-clearing fill that eager timing runs before each start
+    event: with 0.5 ms, a GPU shared with the suite's other workers ran that fill late enough to hide
+    the host's time (eager 0.106 ms on an H100 under ``-n 8``)."""
     import time
 
     if not torch.cuda.is_available():
@@ -383,7 +387,7 @@ def test_graph_timing_excludes_the_host_gpu():
     x = torch.zeros(1024, device="cuda")
 
     def slow_host_launch():
-        time.sleep(5e-4)
+        time.sleep(3e-3)
         x.add_(1.0)
 
     eager_ms = timing.do_bench_ms(slow_host_launch)
@@ -391,7 +395,7 @@ def test_graph_timing_excludes_the_host_gpu():
         before = x[0].item()
         graph_ms = timing.do_bench_ms(slow_host_launch)
         assert x[0].item() > before + 10  # the replays added
-    assert eager_ms >= 0.3, eager_ms
+    assert eager_ms >= 2.0, eager_ms
     assert graph_ms <= 0.1, graph_ms
 
 
