@@ -12,9 +12,13 @@ liger-kernel and liger-portable, side by side in one process, interleaved and re
   call is host-bound at that shape.
 
 ``--launch-ab`` adds liger-portable with the cached launcher switched off (every launch through
-Triton's own ``kernel[grid](...)``), to show what the launcher saves.
+Triton's own ``kernel[grid](...)``), to show what the launcher saves. ``--breakdown`` adds, to the
+RMSNorm rounds, the layers of our call one by one: the autograd op without the public function's
+argument checks and dispatch, the two launch functions without autograd (plan lookup, allocations,
+launches), five bare allocations, and two floors (a Python ``autograd.Function`` that launches
+nothing; one native op through the autograd engine).
 
-    python scripts/bench_host_overhead.py [--ops rms_norm,layer_norm] [--repeats 7] [--launch-ab]
+    python scripts/bench_host_overhead.py [--ops rms_norm,layer_norm] [--repeats 7] [--launch-ab] [--breakdown]
 
 Figures are printed as tables and kept as results-log records (metrics ``host_us``,
 ``host_ratio`` (ours and liger-kernel's host cost over torch's, taken within each round, where
@@ -66,6 +70,46 @@ def _rms_norm(rows: int, hidden: int, dev):
     if fn is not None:
         impls["liger-kernel"] = lambda: fn.apply(x, w, 1e-6, 0.0, "llama", False).backward(dy)
     return (x, w), impls
+
+
+class _EmptyFunction(torch.autograd.Function):
+    """The floor of a Python autograd op: an output allocated, nothing launched, the gradient passed on."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, None
+
+
+def _rms_norm_breakdown(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict[str, Callable]:
+    """Host-cost layers of our RMSNorm call (``--breakdown``); each runs forward + backward."""
+    from liger_portable import platform
+    from liger_portable.ops import rms_norm as ops
+
+    dev = platform().device(x.device.index)
+    xd, wd, n_rows, n_cols = x.detach(), w.detach(), *x.shape
+    partial_rows = dev.compute_units  # about the backward's programs: the allocation costs the same
+
+    def launches():
+        _, rstd = ops.rms_norm_fwd(xd, wd, 1e-6, 0.0, False, dev=dev)
+        ops.rms_norm_bwd(dy, xd, wd, rstd, 0.0, False, dev=dev)
+
+    def allocations():
+        for shape, dtype in (((n_rows, n_cols), x.dtype), ((n_rows + 1,), torch.float32), ((n_rows, n_cols), x.dtype),
+                             ((partial_rows, n_cols), torch.float32), ((n_cols,), w.dtype)):
+            torch.empty(shape, dtype=dtype, device=x.device)
+
+    return {
+        "liger-portable autograd op, no argument checks": lambda: ops.rms_norm(x, w, 1e-6, 0.0, False, dev).backward(dy),
+        "liger-portable launch functions, no autograd": launches,
+        "five allocations (our call's)": allocations,
+        "Python autograd.Function, empty_like forward, identity backward": lambda: _EmptyFunction.apply(x, w).backward(dy),
+        "x * 1.0 (aten op, autograd engine)": lambda: (x * 1.0).backward(dy),
+    }
 
 
 def _layer_norm(rows: int, hidden: int, dev):
@@ -282,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--main-calls", type=int, default=50, help="calls per eager measurement at the main shape")
     ap.add_argument("--no-main", action="store_true", help="host cost only")
     ap.add_argument("--launch-ab", action="store_true", help="also ours with the cached launcher off")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="RMSNorm: also the layers of our call one by one, and the autograd floors")
     ap.add_argument("--profile", metavar="DIR", help="also write a cProfile of ours per op to DIR/profile_<op>.txt")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -315,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
                     launching.enabled = True
 
             impls["liger-portable (Triton launch)"] = slow
+        if args.breakdown and op == "rms_norm":
+            x, w = tensors
+            impls.update(_rms_norm_breakdown(x, w, torch.randn_like(x)))
         samples: dict[str, list[float]] = {k: [] for k in impls}
         for _ in range(args.repeats):
             for name, step in impls.items():
