@@ -13,10 +13,11 @@ liger-kernel and liger-portable, side by side in one process, interleaved and re
 
 ``--launch-ab`` adds liger-portable with the cached launcher switched off (every launch through
 Triton's own ``kernel[grid](...)``), to show what the launcher saves. ``--breakdown`` adds, to the
-RMSNorm rounds, the layers of our call one by one: the autograd op without the public function's
-argument checks and dispatch, the two launch functions without autograd (plan lookup, allocations,
-launches), five bare allocations, and two floors (a Python ``autograd.Function`` that launches
-nothing; one native op through the autograd engine).
+RMSNorm rounds, the layers of our call one by one: the forward alone; the autograd op without the
+public function's argument checks and dispatch, with its launches and with them stubbed out; the
+two launch functions without autograd (plan lookup, allocations, launches); five bare allocations;
+and two floors (a Python ``autograd.Function`` that launches nothing; one native op through the
+autograd engine).
 
     python scripts/bench_host_overhead.py [--ops rms_norm,layer_norm] [--repeats 7] [--launch-ab] [--breakdown]
 
@@ -103,8 +104,18 @@ def _rms_norm_breakdown(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> d
                              ((partial_rows, n_cols), torch.float32), ((n_cols,), w.dtype)):
             torch.empty(shape, dtype=dtype, device=x.device)
 
+    def stubbed():
+        launcher_call = launching.Launcher.__call__
+        launching.Launcher.__call__ = lambda self, grid, args, consts, launch: None
+        try:
+            ops.rms_norm(x, w, 1e-6, 0.0, False, dev).backward(dy)
+        finally:
+            launching.Launcher.__call__ = launcher_call
+
     return {
+        "liger-portable forward only (the graph built, no backward)": lambda: F.rms_norm(x, w, 1e-6),
         "liger-portable autograd op, no argument checks": lambda: ops.rms_norm(x, w, 1e-6, 0.0, False, dev).backward(dy),
+        "liger-portable autograd op, launches stubbed out": stubbed,
         "liger-portable launch functions, no autograd": launches,
         "five allocations (our call's)": allocations,
         "Python autograd.Function, empty_like forward, identity backward": lambda: _EmptyFunction.apply(x, w).backward(dy),
