@@ -277,10 +277,14 @@ def eager_ms(step: Callable, tensors, n: int) -> float:
 
 
 def _profile(op: str, step: Callable, tensors, n: int, folder: str) -> None:
-    """cProfile of ``n`` calls of ``step``: where the host time of one call goes, by function."""
+    """Where the host time of ``n`` calls of ``step`` goes: a cProfile by Python function (the
+    calling thread only) and a ``torch.profiler`` table by operator and driver call on every thread
+    (the backward runs on the autograd engine's device thread, which cProfile does not see)."""
     import cProfile
     import os
     import pstats
+
+    from torch.profiler import ProfilerActivity, profile
 
     os.makedirs(folder, exist_ok=True)
     prof = cProfile.Profile()
@@ -296,7 +300,25 @@ def _profile(op: str, step: Callable, tensors, n: int, folder: str) -> None:
         stats = pstats.Stats(prof, stream=f)
         stats.sort_stats("tottime").print_stats(45)
         stats.sort_stats("cumulative").print_stats(45)
-    print(f"  profile -> {path}")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
+        for _ in range(n):
+            _zero(tensors)
+            step()
+        torch.cuda.synchronize()
+    by_thread: dict[int, dict[str, float]] = {}
+    for e in trace.events():
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            names = by_thread.setdefault(e.thread, {})
+            names[e.name] = names.get(e.name, 0.0) + e.self_cpu_time_total
+    torch_path = os.path.join(folder, f"profile_{op}_torch.txt")
+    with open(torch_path, "w") as f:
+        f.write(f"{op}: {n} calls of liger-portable forward + backward under torch.profiler\n")
+        f.write(trace.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+        for thread, names in by_thread.items():
+            top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+            f.write(f"\nthread {thread}: self CPU us per call\n")
+            f.writelines(f"  {us / n:9.1f}  {name}\n" for name, us in top)
+    print(f"  profile -> {path}, {torch_path}")
 
 
 def _main_shape(op: str, make: Callable, main_shape: tuple, dev, args, keep: Callable) -> None:
@@ -339,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launch-ab", action="store_true", help="also ours with the cached launcher off")
     ap.add_argument("--breakdown", action="store_true",
                     help="RMSNorm: also the layers of our call one by one, and the autograd floors")
-    ap.add_argument("--profile", metavar="DIR", help="also write a cProfile of ours per op to DIR/profile_<op>.txt")
+    ap.add_argument("--profile", metavar="DIR", help="also profile ours per op: a cProfile (DIR/profile_<op>.txt) and a torch.profiler table "
+                         "by thread (DIR/profile_<op>_torch.txt)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a GPU")
