@@ -86,7 +86,7 @@ class _EmptyFunction(torch.autograd.Function):
         return dy, None
 
 
-def _rms_norm_breakdown(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict[str, Callable]:
+def rms_norm_breakdown(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict[str, Callable]:
     """Host-cost layers of our RMSNorm call (``--breakdown``); each runs forward + backward."""
     from liger_portable import platform
     from liger_portable.ops import rms_norm as ops
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             impls["liger-portable (Triton launch)"] = slow
         if args.breakdown and op == "rms_norm":
             x, w = tensors
-            impls.update(_rms_norm_breakdown(x, w, torch.randn_like(x)))
+            impls.update(rms_norm_breakdown(x, w, torch.randn_like(x)))
         samples: dict[str, list[float]] = {k: [] for k in impls}
         for _ in range(args.repeats):
             for name, step in impls.items():

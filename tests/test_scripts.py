@@ -47,3 +47,41 @@ def test_measure_ceiling_prints_and_records_the_ceiling(monkeypatch, capsys):
     assert "bf16 matmul ceiling 765 TFLOP/s" in capsys.readouterr().out
     with pytest.raises(ValueError, match="kind must be 'copy' or 'matmul'"):
         benchlib.measure_ceiling("flops")
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+def test_host_overhead_breakdown_layers_run(simulated_device, monkeypatch):
+    """bench_host_overhead --breakdown's layers run against the package as it is (a changed launch
+    function would otherwise fail on the next GPU machine): the autograd op gives the public call's
+    gradients to the bit, the launch functions write the forward's output, and stubbing the launches
+    out leaves the launcher as it was."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_host_overhead
+
+    import torch
+
+    import liger_portable
+    from liger_portable import functional as F
+    from liger_portable.ops import launching
+
+    class OneDevice:
+        def device(self, index):
+            return simulated_device
+
+    monkeypatch.setattr(liger_portable, "platform", lambda: OneDevice())
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 40, generator=gen, dtype=torch.bfloat16).requires_grad_()
+    w = (torch.rand(40, generator=gen) + 0.5).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(3, 40, generator=gen, dtype=torch.bfloat16)
+    F.rms_norm(x, w, 1e-6).backward(dy)
+    want = x.grad.clone(), w.grad.clone()
+    launcher_call = launching.Launcher.__call__
+    layers = bench_host_overhead.rms_norm_breakdown(x, w, dy)
+    assert len(layers) == 7
+    for name, step in layers.items():
+        x.grad = w.grad = None
+        step()
+        if name == "liger-portable autograd op, no argument checks":
+            assert torch.equal(x.grad, want[0]) and torch.equal(w.grad, want[1])
+    assert launching.Launcher.__call__ is launcher_call
