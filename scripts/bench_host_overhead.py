@@ -93,7 +93,7 @@ def rms_norm_breakdown(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> di
 
     dev = platform().device(x.device.index)
     xd, wd, n_rows, n_cols = x.detach(), w.detach(), *x.shape
-    partial_rows = dev.compute_units  # about the backward's programs: the allocation costs the same
+    partial_rows = dev.compute_units  # a partials buffer: its size does not change an allocation's host cost
 
     def launches():
         _, rstd = ops.rms_norm_fwd(xd, wd, 1e-6, 0.0, False, dev=dev)
@@ -104,21 +104,25 @@ def rms_norm_breakdown(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> di
                              ((partial_rows, n_cols), torch.float32), ((n_cols,), w.dtype)):
             torch.empty(shape, dtype=dtype, device=x.device)
 
+    def autograd_op():
+        ops.rms_norm(x, w, 1e-6, 0.0, False, dev).backward(dy)
+
     def stubbed():
         launcher_call = launching.Launcher.__call__
         launching.Launcher.__call__ = lambda self, grid, args, consts, launch: None
         try:
-            ops.rms_norm(x, w, 1e-6, 0.0, False, dev).backward(dy)
+            autograd_op()
         finally:
             launching.Launcher.__call__ = launcher_call
 
     return {
         "liger-portable forward only (the graph built, no backward)": lambda: F.rms_norm(x, w, 1e-6),
-        "liger-portable autograd op, no argument checks": lambda: ops.rms_norm(x, w, 1e-6, 0.0, False, dev).backward(dy),
+        "liger-portable autograd op, no argument checks": autograd_op,
         "liger-portable autograd op, launches stubbed out": stubbed,
         "liger-portable launch functions, no autograd": launches,
         "five allocations (our call's)": allocations,
-        "Python autograd.Function, empty_like forward, identity backward": lambda: _EmptyFunction.apply(x, w).backward(dy),
+        "Python autograd.Function, empty_like forward, identity backward":
+            lambda: _EmptyFunction.apply(x, w).backward(dy),
         "x * 1.0 (aten op, autograd engine)": lambda: (x * 1.0).backward(dy),
     }
 
@@ -361,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launch-ab", action="store_true", help="also ours with the cached launcher off")
     ap.add_argument("--breakdown", action="store_true",
                     help="RMSNorm: also the layers of our call one by one, and the autograd floors")
-    ap.add_argument("--profile", metavar="DIR", help="also profile ours per op: a cProfile (DIR/profile_<op>.txt) and a torch.profiler table "
-                         "by thread (DIR/profile_<op>_torch.txt)")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="also profile ours per op: a cProfile (DIR/profile_<op>.txt) and a torch.profiler "
+                         "table by thread (DIR/profile_<op>_torch.txt)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a GPU")
