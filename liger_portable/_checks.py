@@ -54,6 +54,8 @@ def check_choice(name: str, value: object, choices: tuple) -> None:
 
 
 def check_nonneg_number(name: str, value: object) -> float:
+    if type(value) is float and 0.0 <= value <= _FP32_MAX:
+        return value  # the usual case (NaN fails the comparison)
     value_f = check_real(name, value, "a non-negative number")
     if not value_f >= 0:
         raise ValueError(f"{name} must be a non-negative number, got {value!r}")

@@ -20,15 +20,16 @@ _SIMULATED: DeviceInfo | None = None
 
 def same_device(**tensors: torch.Tensor) -> torch.device:
     """The common device of the named tensors; a clear error naming them if they differ."""
-    items = list(tensors.items())
-    name0, t0 = items[0]
-    for name, t in items[1:]:
-        if t.device != t0.device:
+    items = iter(tensors.items())
+    name0, t0 = next(items)
+    device = t0.device
+    for name, t in items:
+        if t.device != device:
             raise ValueError(
-                f"{name} is on {t.device} but {name0} is on {t0.device}; move them to one device "
+                f"{name} is on {t.device} but {name0} is on {device}; move them to one device "
                 f"(e.g. {name}.to({name0}.device))"
             )
-    return t0.device
+    return device
 
 
 def simulated() -> DeviceInfo | None:

@@ -31,7 +31,11 @@ except Exception:  # pragma: no cover - builds without torch.distributed
 
 def any_dtensor(*tensors: torch.Tensor | None) -> bool:
     """True if any of ``tensors`` is a DTensor (cheap; False without torch.distributed)."""
-    return DTensor is not None and any(isinstance(t, DTensor) for t in tensors)
+    if DTensor is not None:
+        for t in tensors:
+            if isinstance(t, DTensor):
+                return True
+    return False
 
 
 def rowwise(
