@@ -53,9 +53,8 @@ def test_measure_ceiling_prints_and_records_the_ceiling(monkeypatch, capsys):
 @pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
 def test_host_overhead_breakdown_layers_run(simulated_device, monkeypatch):
     """bench_host_overhead --breakdown's layers run against the package as it is (a changed launch
-    function would otherwise fail on the next GPU machine): the autograd op gives the public call's
-    gradients to the bit, the launch functions write the forward's output, and stubbing the launches
-    out leaves the launcher as it was."""
+    function would otherwise fail on the next GPU machine): every layer runs, the autograd op gives the
+    public call's gradients to the bit, and stubbing the launches out leaves the launcher as it was."""
     monkeypatch.syspath_prepend(str(SCRIPTS))
     import bench_host_overhead
 

@@ -378,8 +378,8 @@ def test_graph_timing_excludes_the_host_gpu():
     the host. The replays really run the kernel.
 
     The host's 3 ms are long beside the cache-clearing fill that eager timing runs before each start
-    event: with 0.5 ms, a GPU shared with the suite's other workers ran that fill late enough to hide
-    the host's time (eager 0.106 ms on an H100 under ``-n 8``)."""
+    event: with 0.5 ms, a GPU shared with the suite's other workers (``-n 8``) ran that fill late
+    enough to hide the host's time."""
     import time
 
     if not torch.cuda.is_available():
