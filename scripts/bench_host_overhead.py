@@ -16,8 +16,10 @@ Triton's own ``kernel[grid](...)``), to show what the launcher saves. ``--breakd
 RMSNorm rounds, the layers of our call one by one: the forward alone; the autograd op without the
 public function's argument checks and dispatch, with its launches and with them stubbed out; the
 two launch functions without autograd (plan lookup, allocations, launches); five bare allocations;
-and two floors (a Python ``autograd.Function`` that launches nothing; one native op through the
-autograd engine).
+two floors (a Python ``autograd.Function`` that launches nothing; one native op through the
+autograd engine); the backward's launch function alone and inside an empty Function's backward
+(where CUDA backwards run: the autograd engine's device thread); and torch's call, ours and the
+empty Function with the backward run on the calling thread (``set_multithreading_enabled(False)``).
 
     python scripts/bench_host_overhead.py [--ops rms_norm,layer_norm] [--repeats 7] [--launch-ab] [--breakdown]
 
@@ -86,8 +88,35 @@ class _EmptyFunction(torch.autograd.Function):
         return dy, None
 
 
+class _BackwardLaunches(torch.autograd.Function):
+    """An empty Function whose backward also makes our RMSNorm backward's launch and allocations
+    (the result unused): their cost on the autograd engine's device thread, where CUDA backwards run."""
+
+    @staticmethod
+    def forward(ctx, x, w, bwd):
+        ctx.save_for_backward(x, w)
+        ctx.bwd = bwd
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        ctx.bwd()
+        return dy, None, None
+
+
+def _calling_thread(step: Callable) -> Callable:
+    """``step`` with its backward run on the calling thread instead of the engine's device thread."""
+
+    def run():
+        with torch.autograd.set_multithreading_enabled(False):
+            step()
+
+    return run
+
+
 def rms_norm_breakdown(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict[str, Callable]:
-    """Host-cost layers of our RMSNorm call (``--breakdown``); each runs forward + backward."""
+    """Host-cost layers of our RMSNorm call (``--breakdown``); each runs forward + backward, but for
+    the rows that name one half (``rms_norm_bwd``: the launch function of the backward alone)."""
     from liger_portable import platform
     from liger_portable.ops import rms_norm as ops
 
@@ -95,9 +124,14 @@ def rms_norm_breakdown(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> di
     xd, wd, n_rows, n_cols = x.detach(), w.detach(), *x.shape
     partial_rows = dev.compute_units  # a partials buffer: its size does not change an allocation's host cost
 
+    _, rstd0 = ops.rms_norm_fwd(xd, wd, 1e-6, 0.0, False, dev=dev)
+
     def launches():
         _, rstd = ops.rms_norm_fwd(xd, wd, 1e-6, 0.0, False, dev=dev)
         ops.rms_norm_bwd(dy, xd, wd, rstd, 0.0, False, dev=dev)
+
+    def backward_launch():
+        ops.rms_norm_bwd(dy, xd, wd, rstd0, 0.0, False, dev=dev)
 
     def allocations():
         for shape, dtype in (((n_rows, n_cols), x.dtype), ((n_rows + 1,), torch.float32), ((n_rows, n_cols), x.dtype),
@@ -115,15 +149,29 @@ def rms_norm_breakdown(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> di
         finally:
             launching.Launcher.__call__ = launcher_call
 
+    def public():
+        F.rms_norm(x, w, 1e-6).backward(dy)
+
+    def empty():
+        _EmptyFunction.apply(x, w).backward(dy)
+
+    def torch_native():
+        TF.rms_norm(x, (x.shape[-1],), w, 1e-6).backward(dy)
+
     return {
         "liger-portable forward only (the graph built, no backward)": lambda: F.rms_norm(x, w, 1e-6),
         "liger-portable autograd op, no argument checks": autograd_op,
         "liger-portable autograd op, launches stubbed out": stubbed,
         "liger-portable launch functions, no autograd": launches,
         "five allocations (our call's)": allocations,
-        "Python autograd.Function, empty_like forward, identity backward":
-            lambda: _EmptyFunction.apply(x, w).backward(dy),
+        "Python autograd.Function, empty_like forward, identity backward": empty,
         "x * 1.0 (aten op, autograd engine)": lambda: (x * 1.0).backward(dy),
+        "rms_norm_bwd alone, calling thread": backward_launch,
+        "empty Function + rms_norm_bwd in its backward (engine thread)":
+            lambda: _BackwardLaunches.apply(x, w, backward_launch).backward(dy),
+        "F.rms_norm, backward on the calling thread": _calling_thread(torch_native),
+        "liger-portable, backward on the calling thread": _calling_thread(public),
+        "empty Function, backward on the calling thread": _calling_thread(empty),
     }
 
 

@@ -77,7 +77,7 @@ def test_host_overhead_breakdown_layers_run(simulated_device, monkeypatch):
     want = x.grad.clone(), w.grad.clone()
     launcher_call = launching.Launcher.__call__
     layers = bench_host_overhead.rms_norm_breakdown(x, w, dy)
-    assert len(layers) == 7
+    assert len(layers) == 12
     for name, step in layers.items():
         x.grad = w.grad = None
         step()
