@@ -167,8 +167,8 @@ class Launcher:
                 f"        k{i} = ({v}.dtype, p{i} & 15 == 0)",
                 "    elif t is int:",
                 f"        p{i}, k{i} = {v}, ({v} == 1, {v} & 15 == 0, -0x80000000 <= {v} <= 0x7FFFFFFF)",
-                "    else:",
-                f"        p{i}, k{i} = {v}, F({v})",
+                "    else:",  # a float, None, a bool: its type; a tensor subclass: as _feature keys it
+                f"        p{i}, k{i} = {v}, F({v}) if isinstance({v}, T) else t",
             ]
             keys.append(f"k{i}")
             ptrs.append(f"p{i}")
@@ -185,7 +185,7 @@ class Launcher:
         if _captured is not None:  # recording launches instead of making them (see capture)
             _captured.append(Captured(self.fn, grid, args, dict(consts), dict(launch)))
             return
-        if getattr(_op_bodies, "depth", 0) and _traced(args):  # torch.compile traces a kernel_op
+        if _op_bodies.depth and _traced(args):  # torch.compile traces a kernel_op
             n = len(args)
             rest = (consts.get(name, d) for name, d in zip(self._names[n:], self._defaults[n:]))
             torch.library.wrap_triton(self.fn)[grid](*args, *rest, **launch)
@@ -193,7 +193,8 @@ class Launcher:
         if not (enabled and KNOWN_TRITON and self._names):
             self.fn[grid](*args, **consts, **launch)
             return
-        key, values, pointers = self._keyer(len(args))(launch, driver.active.get_current_device(), args, consts)
+        keyer = self._keyers.get(len(args)) or self._keyer(len(args))
+        key, values, pointers = keyer(launch, driver.active.get_current_device(), args, consts)
         hit = self._cache.get(key)
         if hit is None or hit[0] is not launch or hooks_installed():
             self._slow(key, grid, args, consts, launch)
@@ -266,7 +267,11 @@ def eager_apply(cls: type, tensors: int) -> Callable[..., Any]:
 # launch of a user kernel takes num_warps and num_stages only, not the ROCm and XPU tables' backend
 # options (waves_per_eu, grf_mode, ...): there the operator stays a custom_op.
 
-_op_bodies = threading.local()  # .depth: kernel_op bodies running on this thread
+class _Depth(threading.local):
+    depth = 0  # kernel_op bodies running on this thread
+
+
+_op_bodies = _Depth()
 _REAL = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -314,7 +319,7 @@ def kernel_op(name: str, *, fake: Callable) -> Callable[[Callable], Any]:
         depth = _op_bodies
 
         def body(*args, **kwargs):
-            depth.depth = getattr(depth, "depth", 0) + 1
+            depth.depth += 1
             try:
                 return fn(*args, **kwargs)
             finally:
