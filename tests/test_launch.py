@@ -199,6 +199,10 @@ def test_cached_launch_recompiles_for_what_triton_specialises_on(fake_gpu):
     assert len(compiles) == 6
     launcher((1,), _rms_args(aligned, n_rows=1), CONSTS, opts)  # 1: Triton's constant 1
     assert len(compiles) == 7
+    launcher((1,), _rms_args(aligned), {**CONSTS, "R": aligned}, opts)  # a trailing tensor given, None before
+    assert len(compiles) == 8
+    launcher((1,), _rms_args(aligned)[:8] + (True, 0.0), CONSTS, opts)  # a bool where a float was
+    assert len(compiles) == 9
     assert len(calls) == 1  # only the 32-row call found its kernel (the 16-row one's)
 
 

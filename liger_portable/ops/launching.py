@@ -144,8 +144,8 @@ class Launcher:
         being every argument of the kernel in order (the trailing ones from ``consts`` or their
         defaults) and ``pointers`` the same with each tensor replaced by its data pointer. Each runtime
         argument is keyed inline by its class: a tensor (or parameter) by dtype and 16-byte alignment,
-        an int by being 1, a multiple of 16 and within 32 bits, anything else by :func:`_feature`; a
-        constexpr by its value."""
+        an int by being 1, a multiple of 16 and within 32 bits, a tensor subclass by :func:`_feature`,
+        anything else (a float, None, a bool) by its type; a constexpr by its value."""
         keyer = self._keyers.get(n)
         if keyer is not None:
             return keyer
@@ -167,7 +167,7 @@ class Launcher:
                 f"        k{i} = ({v}.dtype, p{i} & 15 == 0)",
                 "    elif t is int:",
                 f"        p{i}, k{i} = {v}, ({v} == 1, {v} & 15 == 0, -0x80000000 <= {v} <= 0x7FFFFFFF)",
-                "    else:",  # a float, None, a bool: its type; a tensor subclass: as _feature keys it
+                "    else:",
                 f"        p{i}, k{i} = {v}, F({v}) if isinstance({v}, T) else t",
             ]
             keys.append(f"k{i}")
