@@ -17,7 +17,7 @@ import liger_portable
 from liger_portable import chunked_loss as C
 from liger_portable import nn as lnn
 
-from conftest import SIMULATED_DEVICES, TOL, rel_err
+from conftest import TOL, rel_err
 
 IGNORE = -100
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

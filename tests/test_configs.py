@@ -10,12 +10,10 @@ and falls through, never raises).
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 import math
 import re
 import shutil
-import subprocess
 import warnings
 from pathlib import Path
 

@@ -43,7 +43,6 @@ transformers = pytest.importorskip("transformers")
 from hf_tiny import FAMILIES, VOCAB, isolated_patching, tiny_model  # noqa: E402,F401
 
 import liger_portable.transformers as lpt  # noqa: E402
-from liger_portable.transformers import _patch  # noqa: E402
 
 from conftest import SIMULATED_DEVICES, rel_err  # noqa: E402
 
