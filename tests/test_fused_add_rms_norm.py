@@ -229,20 +229,23 @@ KERNEL_SHAPES = [(1, 37), (19, 200), (6, 1000)]
 
 
 @pytest.mark.interpreter
-def test_kernel_interpreter_frozen_weight(simulated_device, poison, monkeypatch):
+def test_kernel_interpreter_frozen_weight(simulated_device, poison, partial_sums, monkeypatch):
     """A frozen weight (as in LoRA): both inputs' gradient as the reference, no weight gradient and
-    no sum of its partials."""
+    no sum of its partials (in the launch or after it)."""
+    from liger_portable.ops import rms_norm as ops
+
     x, r, w, dy, ds = _inputs((37, 130), torch.bfloat16)
     x.requires_grad_()
     r.requires_grad_()
-    calls = []
-    real = torch.Tensor.sum
-    monkeypatch.setattr(torch.Tensor, "sum", lambda t, *a, **k: calls.append(1) or real(t, *a, **k))
+    calls, launches = [], []
+    real, launch = ops.sum_partials, ops.launch_bwd
+    monkeypatch.setattr(ops, "sum_partials", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(ops, "launch_bwd", lambda g, a, c, o: launches.append(c.get("FUSE_SUM", False)) or launch(g, a, c, o))
     y, s = F.fused_add_rms_norm(x, r, w, 1e-6)
     torch.autograd.backward([y, s], [dy, ds])
     _, _, rdx, rdr, _ = _reference(x, r, w, dy, ds, 1e-6, 0.0, "llama")
     assert rel_err(x.grad, rdx) <= TOL[torch.bfloat16] and rel_err(r.grad, rdr) <= TOL[torch.bfloat16]
-    assert w.grad is None and not calls
+    assert w.grad is None and not calls and launches == [False]
 
 
 @pytest.mark.interpreter

@@ -1,9 +1,12 @@
-"""Tile loads and stores shared by the row kernels (RMSNorm, LayerNorm), and their column block."""
+"""Tile loads and stores shared by the row kernels (RMSNorm, LayerNorm), their column block, and
+the sums of their backwards' weight- (and bias-) gradient partials."""
 
+import torch
 import triton
 import triton.language as tl
 
 from ..specs import next_pow2
+from .launching import Launcher
 
 
 def block_n(n_cols: int, block_n_max: int) -> tuple[int, bool]:
@@ -86,3 +89,38 @@ def sum_if_last(
             cols = start + tl.arange(0, BLOCK_C)
             store_sums(column_sums(P, stride_p, n_parts, cols, width, BLOCK_P, BLOCK_C), cols, n_cols, DW, DB, HAS_BIAS)
         tl.store(COUNT, 0.0)
+
+
+@triton.jit
+def _sum_partials_kernel(
+    P, stride_p, n_parts, n_cols, DW, DB,
+    HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Column sums of the backward's fp32 partials ``P`` (``n_parts`` rows ``[dW | dB]``), each
+    rounded once to its output's dtype: ``DW`` from the first ``n_cols`` columns and, with a bias,
+    ``DB`` from the next ``n_cols``. A program sums ``BLOCK_C`` columns over every part, in a fixed
+    order (deterministic)."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    width = 2 * n_cols if HAS_BIAS else n_cols
+    store_sums(column_sums(P, stride_p, n_parts, cols, width, BLOCK_P, BLOCK_C), cols, n_cols, DW, DB, HAS_BIAS)
+
+
+launch_sum = Launcher(_sum_partials_kernel)
+
+# The sum's launch: one small fixed tile on every vendor (the partials are a few MB at most; 4 warps
+# of 32 or 64 lanes hold the 64 x 128 fp32 accumulator in 32-64 registers a lane).
+_SUM_BLOCK_C = 128
+_SUM_CONSTS = tuple({"HAS_BIAS": has_bias, "BLOCK_P": 64, "BLOCK_C": _SUM_BLOCK_C} for has_bias in (False, True))
+_SUM_OPTIONS = {"num_warps": 4}
+
+
+def sum_partials(partial: torch.Tensor, n_cols: int, dw: torch.Tensor, db: torch.Tensor | None) -> None:
+    """Write the column sums of a backward's fp32 ``partial`` (programs x ``[dW | dB]``) into ``dw``
+    and ``db`` (None: no bias columns) in their dtypes: one launch, where aten's sum and a cast per
+    gradient (and, with a bias, two slices) took two to five, each costing host time."""
+    width = n_cols if db is None else 2 * n_cols
+    launch_sum(
+        (-(-width // _SUM_BLOCK_C),),  # integer ceil (newer Tritons' triton.cdiv costs microseconds a call)
+        (partial, partial.stride(0), partial.shape[0], n_cols, dw, dw if db is None else db),
+        _SUM_CONSTS[db is not None], _SUM_OPTIONS,
+    )

@@ -36,7 +36,7 @@ from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import EPS, next_pow2, register, row_norm_specs
 from .launching import Launcher, eager_apply, kernel_op, plan, split_launch
-from ._tiles import SUM_C_PER_WARP, SUM_P, block_n, column_sums, fuse_sum, load_tile, store_sums, store_tile, sum_if_last
+from ._tiles import SUM_C_PER_WARP, SUM_P, block_n, fuse_sum, load_tile, store_tile, sum_if_last, sum_partials
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
@@ -224,20 +224,6 @@ def _layer_norm_bwd_kernel(
         sum_if_last(PARTIAL, stride_partial, n_programs, RSTD + n_rows, n_cols, DW, DB, HAS_BIAS, SUM_P, SUM_C)
 
 
-@triton.jit
-def _sum_partials_kernel(
-    P, stride_p, n_parts, n_cols, DW, DB,
-    HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    """Column sums of the backward's fp32 partials ``P`` (``n_parts`` rows ``[dW | dB]``), each
-    rounded once to its output's dtype: ``DW`` from the first ``n_cols`` columns and, with a bias,
-    ``DB`` from the next ``n_cols``. A program sums ``BLOCK_C`` columns over every part, in a fixed
-    order (deterministic)."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    width = 2 * n_cols if HAS_BIAS else n_cols
-    store_sums(column_sums(P, stride_p, n_parts, cols, width, BLOCK_P, BLOCK_C), cols, n_cols, DW, DB, HAS_BIAS)
-
-
 def split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
     """``(BLOCK_N, TAIL_N, SINGLE_PASS)`` for a row of ``n_cols``.
 
@@ -257,27 +243,6 @@ def split_row(n_cols: int, block_n_max: int) -> tuple[int, int, bool]:
 
 launch_fwd = Launcher(_layer_norm_fwd_kernel)
 launch_bwd = Launcher(_layer_norm_bwd_kernel)
-launch_sum = Launcher(_sum_partials_kernel)
-
-# The sum's launch: one small fixed tile on every vendor (the partials are a few MB at most; 4 warps
-# of 32 or 64 lanes hold the 64 x 128 fp32 accumulator in 32-64 registers a lane).
-_SUM_BLOCK_C = 128
-_SUM_CONSTS = tuple({"HAS_BIAS": has_bias, "BLOCK_P": 64, "BLOCK_C": _SUM_BLOCK_C} for has_bias in (False, True))
-_SUM_OPTIONS = {"num_warps": 4}
-
-
-def sum_partials(partial: torch.Tensor, n_cols: int, dw: torch.Tensor, db: torch.Tensor | None) -> None:
-    """Write the column sums of the backward's fp32 ``partial`` (programs x ``[dW | dB]``) into
-    ``dw`` and ``db`` (None: no bias columns) in their dtypes: one launch, where aten's sum, two
-    slices and a cast per gradient took four to five."""
-    width = n_cols if db is None else 2 * n_cols
-    launch_sum(
-        (-(-width // _SUM_BLOCK_C),),  # integer ceil (newer Tritons' triton.cdiv costs microseconds a call)
-        (partial, partial.stride(0), partial.shape[0], n_cols, dw, dw if db is None else db),
-        _SUM_CONSTS[db is not None], _SUM_OPTIONS,
-    )
-
-
 def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
     """(grid, constexprs without and with a bias, launch options) of the forward for one problem."""
     block, single = block_n(n_cols, cfg.meta["BLOCK_N_MAX"])

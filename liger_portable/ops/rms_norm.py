@@ -7,8 +7,8 @@ The per-row ``rstd`` (fp32) is saved for the backward.
 Backward: a persistent grid of ``PROGRAMS_PER_CU`` programs per compute unit; each walks its share
 of the rows, writes dx and accumulates the weight gradient of its rows in fp32, then writes one
 partial row. Where the partials are few (a small problem, whose call is host-bound), the last
-program to finish sums them into the weight gradient in the same launch; otherwise aten sums them
-after it (``num_programs x n_cols`` floats). Long rows accumulate their partial in global memory
+program to finish sums them into the weight gradient in the same launch; otherwise a second small
+kernel sums them (``num_programs x n_cols`` floats) and writes the gradient in the weight's dtype. Long rows accumulate their partial in global memory
 instead of registers.
 
 Fused add + RMSNorm (the pre-norm residual of a decoder layer) runs the same two kernels with a
@@ -33,7 +33,7 @@ from ..configs import Resolved
 from .._dispatch import device_info
 from ..specs import EPS, register, row_norm_specs
 from .launching import Launcher, eager_apply, kernel_op, plan, split_launch
-from ._tiles import SUM_C_PER_WARP, SUM_P, block_n, fuse_sum, load_tile, store_tile, sum_if_last
+from ._tiles import SUM_C_PER_WARP, SUM_P, block_n, fuse_sum, load_tile, store_tile, sum_if_last, sum_partials
 
 # Output allocator; the tests swap in one that fills with NaN to catch unwritten elements.
 empty = torch.empty
@@ -203,9 +203,6 @@ launch_fwd = Launcher(_rms_norm_fwd_kernel)
 launch_bwd = Launcher(_rms_norm_bwd_kernel)
 
 
-_WEIGHT = object()  # _bwd's default weight-gradient dtype: the weight's
-
-
 def _fwd_plan(cfg: Resolved, dev, n_cols: int, n_rows: int) -> tuple:
     """(grid, constexprs, launch options) of the forward for one problem."""
     block, single = block_n(n_cols, cfg.meta["BLOCK_N_MAX"])
@@ -306,10 +303,9 @@ def _check_rstd(rstd: torch.Tensor, x: torch.Tensor) -> None:
         )
 
 
-def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev, dw_dtype=_WEIGHT):
-    """The backward launch; ``dw_dtype``: None for no weight gradient (the partials are not
-    summed), else the dtype of a weight gradient summed after the launch (default the weight's;
-    one summed in the launch has the weight's)."""
+def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev, need_dw: bool = True):
+    """The backward launches: ``(dx, dweight)``, the weight gradient in the weight's dtype (None with
+    ``need_dw=False``: the partials are not summed)."""
     if dy.stride(-1) != 1:
         dy = dy.contiguous()
     n_rows, n_cols = x.shape
@@ -317,9 +313,8 @@ def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev, dw_dtype=_
     dx = empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     alloc = empty if single else torch.zeros
     dw_partial = alloc((grid[0], n_cols), dtype=torch.float32, device=x.device)
-    dw = None
-    if together is not None and dw_dtype is not None:
-        dw = empty((n_cols,), dtype=weight.dtype, device=x.device)
+    dw = empty((n_cols,), dtype=weight.dtype, device=x.device) if need_dw else None
+    if dw is not None and together is not None:
         kwargs = {**together, "GEMMA": gemma, "DW": dw}
     else:
         kwargs = {**consts, "GEMMA": gemma}
@@ -331,26 +326,15 @@ def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev, dw_dtype=_
         grid, (dy, x, weight, rstd, dx, dw_partial, dy.stride(0), x.stride(0), dx.stride(0), n_rows, n_cols, offset),
         kwargs, opts,
     )
-    if dw is not None or dw_dtype is None:
-        return dx, dw
-    dw = dw_partial.sum(0)
-    dtype = weight.dtype if dw_dtype is _WEIGHT else dw_dtype
-    return dx, dw if dtype == torch.float32 else dw.to(dtype)
+    if dw is not None and together is None:
+        sum_partials(dw_partial, n_cols, dw, None)
+    return dx, dw
 
 
 # --------------------------------------------------------------------------- autograd
 # Declared once: an autograd.Function whose forward and backward launch directly in eager mode
 # (the cheapest path on the host) and, under torch.compile, call the same launches through kernel
 # ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break).
-
-
-def _eager_dw_dtype(ctx, index: int):
-    """The weight gradient an eager backward computes: none for a weight that needs no gradient
-    (frozen, as in LoRA fine-tuning: the partials are not summed), else, where the partials are
-    summed after the launch, the fp32 sum as it is. The
-    autograd engine casts a gradient to its input's dtype itself (in C++, the same rounding as
-    ``.to``), which costs less host time than a cast called from Python."""
-    return torch.float32 if ctx.needs_input_grad[index] else None
 
 
 def _rms_norm_op_fake(x, weight, eps, offset, gemma):
@@ -394,7 +378,7 @@ class _RMSNormFunction(torch.autograd.Function):
             dx, dw = rms_norm_backward_op(dy, x, weight, rstd, ctx.offset, ctx.gemma)
         else:
             dx, dw = _bwd("rms_norm_bwd", dy, None, x, weight, rstd, ctx.offset, ctx.gemma, None, ctx.dev,
-                          _eager_dw_dtype(ctx, 1))
+                          ctx.needs_input_grad[1])
         return dx, dw, None, None, None, None
 
 
@@ -460,7 +444,7 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
             dsum, dw = fused_add_rms_norm_backward_op(dy, ds, s, weight, rstd, ctx.offset, ctx.gemma)
         else:
             dsum, dw = _bwd("fused_add_rms_norm_bwd", dy, ds, s, weight, rstd, ctx.offset, ctx.gemma, None, ctx.dev,
-                            _eager_dw_dtype(ctx, 2))
+                            ctx.needs_input_grad[2])
         return dsum, dsum, dw, None, None, None, None
 
 
