@@ -368,8 +368,9 @@ def test_kernel_interpreter_same_tensor_as_x_and_residual(simulated_device, pois
 
 
 @pytest.mark.interpreter
-def test_kernel_interpreter_compile_fullgraph(simulated_device):
-    """The kernel path is a custom op: torch.compile(fullgraph=True) traces it without a break."""
+def test_kernel_interpreter_compile_fullgraph(simulated_device, poison, partial_sums):
+    """The kernel path is a custom op: torch.compile(fullgraph=True) traces it without a break, the
+    weight gradient summed in the backward launch or by the sum launch after it."""
     _compile_check()
 
 
@@ -431,7 +432,7 @@ def test_kernel_gpu_beyond_int32_offsets():
 
 
 @pytest.mark.gpu
-def test_compile_fullgraph_gpu():
+def test_compile_fullgraph_gpu(partial_sums):
     dev = _gpu()
     x, r, w, dy, ds = _inputs((64, 512), torch.bfloat16, device=dev)
     x, r, w = (t.requires_grad_() for t in (x, r, w))

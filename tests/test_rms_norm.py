@@ -252,8 +252,9 @@ def test_kernel_interpreter_sum_in_launch_resets_its_count(simulated_device, poi
 
 
 @pytest.mark.interpreter
-def test_kernel_interpreter_compile_fullgraph(simulated_device):
-    """The kernel path is a custom op: torch.compile(fullgraph=True) traces it without a break."""
+def test_kernel_interpreter_compile_fullgraph(simulated_device, poison, partial_sums):
+    """The kernel path is a custom op: torch.compile(fullgraph=True) traces it without a break, the
+    weight gradient summed in the backward launch or by the sum launch after it."""
     x, w, dy = _inputs((4, 96), torch.float32)
     x.requires_grad_()
     w.requires_grad_()
@@ -333,7 +334,7 @@ def test_kernel_gpu_beyond_int32_offsets():
 
 
 @pytest.mark.gpu
-def test_compile_fullgraph_gpu():
+def test_compile_fullgraph_gpu(partial_sums):
     dev = _gpu()
     x, w, dy = _inputs((64, 512), torch.bfloat16, device=dev)
     x.requires_grad_()
