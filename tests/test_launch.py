@@ -363,11 +363,13 @@ def _kernel_op_examples(t):
     }
 
 
-def test_kernel_op_bodies_run_on_fake_tensors_as_their_fakes_say():
+def test_kernel_op_bodies_run_on_fake_tensors_as_their_fakes_say(partial_sums):
     """torch.compile traces a triton_op's body with fake tensors (no data, no data pointer): every
     kernel op's body runs on them, launches through the launcher (recorded here), and returns
     outputs of the shapes, dtypes and strides its fake function declares (what the custom-op form
-    tells the compiler). A data-pointer read in a body (the LayerNorm backward's, once) fails here."""
+    tells the compiler). A data-pointer read in a body (the LayerNorm backward's, once) fails here.
+    The norms' backwards run with their weight-gradient partials summed in the launch and by the
+    sum launch after it."""
     import warnings
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -389,3 +391,6 @@ def test_kernel_op_bodies_run_on_fake_tensors_as_their_fakes_say():
             got, want = (got,) if isinstance(got, torch.Tensor) else got, (want,) if isinstance(want, torch.Tensor) else want
             assert len(launches) > n, f"{name} launched nothing"
             assert [(o.shape, o.dtype, o.stride()) for o in got] == [(o.shape, o.dtype, o.stride()) for o in want], name
+            if name.endswith("norm_backward"):
+                sums = [c.fn.__name__ == "_sum_partials_kernel" for c in launches[n:]]
+                assert any(sums) == (partial_sums == "summed after it"), name
