@@ -18,8 +18,12 @@ from . import configs, fallback, functional as F
 from .hardware import platform
 from .specs import SPECS
 
+
 @dataclass
 class CheckResult:
+    """One case of the node check in one dtype: passed or not, and the relative errors (or the
+    exception) as text."""
+
     name: str
     dtype: torch.dtype
     shape: tuple
@@ -109,11 +113,14 @@ def _check_glu(device: torch.device, dtype: torch.dtype, shape: tuple, mode: str
     ref.backward(dc.double())
     errs = {}
     for inplace in (False, True):
-        ag, bg = a.to(device, copy=True).requires_grad_(), b.to(device, copy=True).requires_grad_()
+        leaf_a, leaf_b = a.to(device, copy=True).requires_grad_(), b.to(device, copy=True).requires_grad_()
+        # In place, the backward writes the gradients over a and b, so they must be activations the
+        # call owns (as in the MLPs): copies of the leaves, through which the gradients reach them.
+        ag, bg = (leaf_a.clone(), leaf_b.clone()) if inplace else (leaf_a, leaf_b)
         out = getattr(F, mode)(ag, bg, inplace_backward=inplace)
         out.backward(dc.to(device))
         tag = "(in place)" if inplace else ""
-        errs |= {f"c{tag}": _rel(out, ref), f"da{tag}": _rel(ag.grad, ad.grad), f"db{tag}": _rel(bg.grad, bd.grad)}
+        errs |= {f"c{tag}": _rel(out, ref), f"da{tag}": _rel(leaf_a.grad, ad.grad), f"db{tag}": _rel(leaf_b.grad, bd.grad)}
         if not inplace and not (torch.equal(ag.detach().cpu(), a) and torch.equal(bg.detach().cpu(), b)):
             errs["a,b kept"] = float("inf")
     return errs
@@ -205,6 +212,39 @@ _CHECKS: list[tuple[Callable[..., dict[str, float]], str, tuple, tuple]] = [
 ]
 
 
+@dataclass(frozen=True)
+class CheckCase:
+    """One case of the node check: an op in one mode at one shape, run in each dtype by
+    :func:`run_check`."""
+
+    name: str
+    shape: tuple
+    check: Callable[..., dict[str, float]]
+    mode: str
+
+
+CHECK_CASES: list[CheckCase] = [
+    CheckCase(name.format(mode=mode), shape, fn, mode) for fn, name, shape, modes in _CHECKS for mode in modes
+]
+"""Every case ``liger-portable check`` runs, in order: every public op of :mod:`liger_portable.functional`."""
+
+CHECK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def run_check(case: CheckCase, device: torch.device, dtype: torch.dtype) -> CheckResult:
+    """Run ``case`` on ``device`` in ``dtype`` (forward and backward, fixed random inputs) against
+    the float64 fallback on the CPU. Passes when every output's and gradient's relative error is
+    within the dtype's tolerance (1e-5 for float32, 1e-2 for bfloat16 and float16); an exception
+    is a failed result naming it, never raised."""
+    try:
+        errs = case.check(device, dtype, case.shape, case.mode)
+        ok = all(e <= _TOL[dtype] for e in errs.values())
+        detail = " ".join(f"{k} {v:.1e}" for k, v in errs.items())
+    except Exception as e:  # report every failure, keep checking the rest
+        ok, detail = False, f"{type(e).__name__}: {e}"
+    return CheckResult(case.name, dtype, case.shape, ok, detail)
+
+
 def _configs_for(device_index: int) -> list[tuple[str, str, str, str]]:
     p = platform()
     dev = p.device(device_index)
@@ -273,19 +313,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"liger-portable check on {where}")
     failures = 0
     t0 = time.perf_counter()
-    for fn, name, shape, modes in _CHECKS:
-        for mode in modes:
-            case = name.format(mode=mode)
-            for dtype in (torch.float32, torch.bfloat16, torch.float16):
-                try:
-                    errs = fn(device, dtype, shape, mode)
-                    r = CheckResult(case, dtype, shape, all(e <= _TOL[dtype] for e in errs.values()),
-                                    " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
-                except Exception as e:  # report every failure, keep checking the rest
-                    r = CheckResult(case, dtype, shape, False, f"{type(e).__name__}: {e}")
-                failures += not r.ok
-                dt = str(r.dtype).removeprefix("torch.")
-                print(f"  {'PASS' if r.ok else 'FAIL'}  {r.name:<18} {dt:<9} {str(r.shape):<12} {r.detail}")
+    for case in CHECK_CASES:
+        for dtype in CHECK_DTYPES:
+            r = run_check(case, device, dtype)
+            failures += not r.ok
+            dt = str(r.dtype).removeprefix("torch.")
+            print(f"  {'PASS' if r.ok else 'FAIL'}  {r.name:<18} {dt:<9} {str(r.shape):<12} {r.detail}")
     if p.backend != "cpu":
         for kernel, label, cfg, source in _configs_for(args.device):
             print(f"  config {kernel:<14} {label}: {cfg} ({source})")

@@ -96,8 +96,10 @@ def bench_compare(op: str, rows: int, n: int, dtype: torch.dtype, ceiling_gbs: f
     results = []
     ref = None
     for name, (fn, inplace) in peers(op).items():
-        a = a0.clone().requires_grad_()
-        b = b0.clone().requires_grad_()
+        # Ours in place refuses leaves that require grad (their values would become gradients):
+        # it gets views of buffers of this function's own, as an MLP's activations are.
+        a = (a0.clone()[...] if inplace else a0.clone()).requires_grad_()
+        b = (b0.clone()[...] if inplace else b0.clone()).requires_grad_()
 
         def step():
             a.grad = None

@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from conftest import SIMULATED_DEVICES
+from liger_portable import commands, simulate
 
 ENTRY = Path(sys.executable).parent / "liger-portable"
 
@@ -125,3 +129,24 @@ def test_check_covers_every_public_op_and_reports_wrong_or_failing_kernels(monke
         assert statuses == ["FAIL" if failing else "PASS"] * len(statuses), (name, dtype, statuses)
     # a case is named alike whether it passed or raised
     assert {"rope[hf]", "rms_norm[llama]", "geglu", "swiglu", "flce[plain]"} <= {name for name, _ in results}
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", commands.CHECK_CASES, ids=lambda c: f"{c.name}-{'x'.join(map(str, c.shape))}")
+def test_check_case_passes_through_the_kernels(case, launches):
+    """Each case of `liger-portable check` as a GPU runs it: the Triton kernels (here in the
+    interpreter, on CPU tensors, with the H200's configs) against float64, within float32's 1e-5.
+    The CPU test above runs the fallback, which takes no kernel path (such as the GLUs' in-place
+    backward, which refuses leaf tensors)."""
+    with simulate(SIMULATED_DEVICES["cuda-sm90"]):
+        r = commands.run_check(case, torch.device("cpu"), torch.float32)
+    assert r.ok, r.detail
+    assert launches, "the case ran no kernel"
+
+
+@pytest.mark.gpu
+def test_check_passes_on_the_gpu(capsys):
+    """`liger-portable check` on this machine's first GPU: every case in every dtype."""
+    from liger_portable import cli
+
+    assert cli.main(["check"]) == 0, capsys.readouterr().out
