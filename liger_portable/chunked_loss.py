@@ -678,13 +678,15 @@ def fused_linear_grpo_loss(
       ``tau`` = ``sapo_temperature_pos`` for ``A > 0`` else ``sapo_temperature_neg``: ``-gate * A``,
       normalised as grpo;
     * ``luspo``: the clipped term of grpo, each token weighted by its sequence's length and the sum
-      divided by ``B x T`` (TRL's ``(loss * mask.sum(1, keepdim=True)).mean()``, padding included);
+      divided by ``B x T`` (TRL's ``(loss * mask.sum(1, keepdim=True)).mean()``, padding included; a
+      sequence-level loss without the KL term, one per sequence, counts at each of the T positions,
+      as TRL's mean over its B values does);
     * ``vespo``: ``-phi * A * logp`` with the detached gamma weight ``phi(w) = exp(lambda + k log w -
       lambda w)`` of the sequence's ratio ``w`` (its summed, clamped log-ratios, with ``vllm_is_ratio``'s
       logs added), ``k, lambda`` = ``vespo_k_pos, vespo_lambda_pos`` for ``A >= 0`` else the ``_neg``
       pair; normalised as dapo.
 
-    ``vllm_is_ratio`` (``(B, T)`` or ``(B, 1)``, the sampler's importance ratio) multiplies the policy
+    ``vllm_is_ratio`` (``(B, T)``, or ``(B, 1)`` or ``(B,)`` per sequence, the sampler's importance ratio) multiplies the policy
     term (vespo folds it into ``phi``); ``use_bias_correction_kl`` multiplies the KL term by the
     unclipped ratio (DeepSeek-V3.2). Returns ``(loss, metrics)``: metrics is ``(mean KL, clipped
     fraction)``, the KL left out when ``beta`` is 0 (liger-kernel's order; sapo and vespo clip nothing)."""
@@ -706,8 +708,10 @@ def fused_linear_grpo_loss(
                                                        ("vespo_k_neg", vespo_k_neg), ("vespo_lambda_neg", vespo_lambda_neg)))
     _check_sequences(_input, selected_token_ids=selected_token_ids, attention_mask=attention_mask)
     shape = tuple(_input.shape[:2])
+    if isinstance(vllm_is_ratio, torch.Tensor) and tuple(vllm_is_ratio.shape) == shape[:1]:
+        vllm_is_ratio = vllm_is_ratio.unsqueeze(-1)  # one per sequence, as liger-kernel takes it too
     if vllm_is_ratio is not None and (not isinstance(vllm_is_ratio, torch.Tensor) or tuple(vllm_is_ratio.shape) not in (shape, (shape[0], 1))):
-        raise ValueError(f"vllm_is_ratio must have shape {shape} or {(shape[0], 1)} (per token or per sequence)")
+        raise ValueError(f"vllm_is_ratio must have shape {shape}, {(shape[0], 1)} or {shape[:1]} (per token or per sequence)")
     if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) != shape[:1]:
         raise ValueError(f"advantages must have shape {shape[:1]} (one per sequence)")
 
@@ -787,7 +791,9 @@ def fused_linear_grpo_loss(
     def total(logp, rows):
         loss = per_token(logp, rows)[0]
         if loss_type == "luspo":  # TRL's: every position, weighted by its sequence's length
-            return (loss * seq_weight[rows]).sum() / normaliser
+            # (a loss of one per sequence, sequence-level ratios without the KL, counts at each of
+            # its T positions: TRL's mean then runs over B where it runs over B x T per token)
+            return (loss.expand(-1, shape[1]) * seq_weight[rows]).sum() / normaliser
         masked = loss * mask[rows]
         if loss_type in ("grpo", "sapo"):
             return (masked.sum(-1) / lengths[rows]).sum() / shape[0]

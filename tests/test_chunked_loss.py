@@ -546,6 +546,55 @@ def test_grpo_other_loss_types_match_reference(loss_type, dtype, device="cpu"):
         C.fused_linear_grpo_loss(h, w, ids, mask, adv, beta=0.0, loss_type="sapo", importance_sampling_level="sequence")
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_grpo_luspo_is_trls_mean(level, beta):
+    """LUSPO exactly as TRL computes it, ``(per_token_loss * mask.sum(1, keepdim=True)).mean()``: per
+    token the mean runs over B x T; with sequence-level ratios and no KL term the loss is one per
+    sequence, (B, 1), and the mean runs over B (the case that was off by a factor of T)."""
+    h, w, b, ids, mask, adv, old, ref = _grpo_inputs(torch.float32)
+    lo, hi = 0.2, 0.28
+    hd, wd, bd = _leaves(h, w, b)
+    logp = torch.log_softmax(hd @ wd.T + bd, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    offsets = torch.tensor([-0.5, -0.5, -0.05, 0.12, 0.5], dtype=torch.float64)[:, None]  # away from the bounds
+    adv = torch.tensor([1.0, -0.7, 0.4, -1.2, 0.8])
+    old = (logp.detach() - offsets).float()
+    m = mask.double()
+    lr = logp - old.double()
+    if level == "sequence":
+        lr = ((lr * m).sum(-1) / m.sum(-1)).unsqueeze(-1)
+    ratio, a = torch.exp(lr), adv.double().unsqueeze(1)
+    per = -torch.min(ratio * a, ratio.clamp(1 - lo, 1 + hi) * a)
+    if beta:
+        per = per + beta * (torch.exp(ref.double() - logp) - (ref.double() - logp) - 1)
+    assert per.shape[-1] == (1 if level == "sequence" and not beta else ids.shape[1])
+    want = (per * m.sum(1, keepdim=True)).mean()
+    want.backward()
+    hl, wl, bl = _leaves_on("cpu", h, w, b)
+    loss, _ = C.fused_linear_grpo_loss(hl, wl, ids, mask, adv, bl, beta=beta, epsilon_low=lo, epsilon_high=hi,
+                                       loss_type="luspo", importance_sampling_level=level,
+                                       ref_per_token_logps=ref if beta else None, old_per_token_logps=old)
+    loss.backward()
+    assert rel_err(loss, want) <= 1e-5, (loss.item(), want.item())
+    for got, ref_leaf in ((hl, hd), (wl, wd), (bl, bd)):
+        assert rel_err(got.grad, ref_leaf.grad) <= 1e-5
+
+
+def test_grpo_sampler_ratio_per_sequence_shapes():
+    """The sampler's importance ratio per sequence may come as (B, 1) or (B,) (liger-kernel takes
+    both): the same loss; another shape is refused, naming the argument."""
+    h, w, b, ids, mask, adv, old, _ = _grpo_inputs(torch.float32)
+    B, T = ids.shape
+    ratio = 0.5 + torch.rand(B, generator=torch.Generator().manual_seed(3))
+    kw = dict(beta=0.0, old_per_token_logps=old, loss_type="grpo")
+    col = C.fused_linear_grpo_loss(h, w, ids, mask, adv, b, vllm_is_ratio=ratio[:, None], **kw)
+    flat = C.fused_linear_grpo_loss(h, w, ids, mask, adv, b, vllm_is_ratio=ratio, **kw)
+    none = C.fused_linear_grpo_loss(h, w, ids, mask, adv, b, **kw)
+    assert torch.equal(col[0], flat[0]) and not torch.equal(col[0], none[0])
+    with pytest.raises(ValueError, match=r"vllm_is_ratio must have shape"):
+        C.fused_linear_grpo_loss(h, w, ids, mask, adv, b, vllm_is_ratio=ratio[:-1], **kw)
+
+
 def test_grpo_reference_model_and_no_kl():
     """The reference's per-token log-probabilities from its head equal passing them; beta=0 drops
     the KL metric; delta clamps the unclipped ratio."""
@@ -578,7 +627,8 @@ def test_grpo_kernel_interpreter(simulated_device, dtype, monkeypatch):
     test_grpo_matches_reference("grpo", "sequence", dtype)
     test_grpo_other_loss_types_match_reference("vespo", dtype)  # a weight of the whole sequence
     test_grpo_other_loss_types_match_reference("luspo", dtype)
-    assert calls == [3, 3, 3, 3]
+    test_grpo_luspo_is_trls_mean("sequence", 0.0)  # a loss of one per sequence
+    assert calls == [3, 3, 3, 3, 3]
 
 
 @pytest.mark.gpu
