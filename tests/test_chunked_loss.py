@@ -548,7 +548,7 @@ def test_grpo_other_loss_types_match_reference(loss_type, dtype, device="cpu"):
 
 @pytest.mark.parametrize("beta", [0.0, 0.1])
 @pytest.mark.parametrize("level", ["token", "sequence"])
-def test_grpo_luspo_is_trls_mean(level, beta):
+def test_grpo_luspo_is_trls_mean(level, beta, device="cpu"):
     """LUSPO exactly as TRL computes it, ``(per_token_loss * mask.sum(1, keepdim=True)).mean()``: per
     token the mean runs over B x T; with sequence-level ratios and no KL term the loss is one per
     sequence, (B, 1), and the mean runs over B (the case that was off by a factor of T)."""
@@ -570,7 +570,8 @@ def test_grpo_luspo_is_trls_mean(level, beta):
     assert per.shape[-1] == (1 if level == "sequence" and not beta else ids.shape[1])
     want = (per * m.sum(1, keepdim=True)).mean()
     want.backward()
-    hl, wl, bl = _leaves_on("cpu", h, w, b)
+    hl, wl, bl = _leaves_on(device, h, w, b)
+    ids, mask, adv, ref, old = _on(device, ids, mask, adv, ref, old)
     loss, _ = C.fused_linear_grpo_loss(hl, wl, ids, mask, adv, bl, beta=beta, epsilon_low=lo, epsilon_high=hi,
                                        loss_type="luspo", importance_sampling_level=level,
                                        ref_per_token_logps=ref if beta else None, old_per_token_logps=old)
@@ -643,7 +644,8 @@ def test_kto_grpo_gpu(dtype, monkeypatch):
     test_grpo_matches_reference("grpo", "sequence", dtype, device=dev)
     test_grpo_other_loss_types_match_reference("vespo", dtype, device=dev)
     test_grpo_other_loss_types_match_reference("sapo", dtype, device=dev)
-    assert calls == [3] * 5
+    test_grpo_luspo_is_trls_mean("sequence", 0.0, device=dev)
+    assert calls == [3] * 6
 
 
 
