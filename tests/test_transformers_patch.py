@@ -237,6 +237,119 @@ def test_wrapped_projection_moves_over():
     assert abs(model(**data).loss.item() - ref_call(ref, **data).loss.item()) <= TOL * 10
 
 
+class LoraHead(torch.nn.Module):
+    """A stand-in for PEFT's LoRA layer on the LM head: ``weight`` and ``bias`` are the base
+    layer's (as PEFT exposes them), the output adds a low-rank term."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 4):
+        super().__init__()
+        self.base_layer = base
+        g = torch.Generator().manual_seed(7)
+        self.lora_a = torch.nn.Parameter(torch.randn(rank, base.in_features, generator=g) * 0.1)
+        self.lora_b = torch.nn.Parameter(torch.randn(base.out_features, rank, generator=g) * 0.1)
+
+    weight = property(lambda self: self.base_layer.weight)
+    bias = property(lambda self: self.base_layer.bias)
+
+    def forward(self, x):
+        return self.base_layer(x) + (x @ self.lora_a.T) @ self.lora_b.T
+
+
+@pytest.mark.parametrize("head", ["lora, before patch", "lora, after patch", "forward hook"])
+def test_wrapped_or_hooked_lm_head_keeps_its_output(head, calls):
+    """The fused loss reads the LM head's weight, so it would leave out what a wrapper (LoRA) or a
+    hook adds: such a head is called as it is and the loss is the cross-entropy of its logits,
+    equal to Hugging Face's, with the adapter's gradients."""
+    ref = tiny_model("llama", seed=15)
+    model = tiny_model("llama", seed=15)
+
+    def wrap(m):
+        if head.startswith("lora"):
+            m.lm_head = LoraHead(m.lm_head)
+        else:
+            m.lm_head.register_forward_hook(lambda mod, args, out: out * 1.5)
+
+    wrap(ref)
+    if head != "lora, after patch":
+        wrap(model)
+    lpt.patch(model)
+    if head == "lora, after patch":
+        wrap(model)
+    data = batch(2)
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert calls.get("fused_linear_cross_entropy", 0) == 0 and calls.get("cross_entropy", 0) == 1
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
+    if head.startswith("lora"):
+        assert model.lm_head.lora_a.grad is not None and model.lm_head.lora_a.grad.abs().sum() > 0
+
+
+def test_patch_inside_a_wrapper_that_proxies_the_config(calls):
+    """A wrapper holding the causal LM and proxying its config (as PEFT's PeftModel does) is
+    patched through: the norms and MLPs, and the loss of the causal LM inside (no logits)."""
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.base_model = inner
+
+        config = property(lambda self: self.base_model.config)
+
+        def forward(self, **kwargs):
+            return self.base_model(**kwargs)
+
+    ref = tiny_model("llama", seed=16)
+    inner = tiny_model("llama", seed=16)
+    wrapper = Wrapper(inner)
+    assert lpt.patch(wrapper, chunk_mib=64) is wrapper
+    assert "forward" in vars(inner) and getattr(inner, "liger_portable_chunk_mib") == 64
+    data = batch(3)
+    out, ref_out = wrapper(**data), ref_call(ref, **data)
+    assert out.logits is None and calls.get("fused_linear_cross_entropy", 0) == 1
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+
+
+def test_classes_of_another_module_are_an_error(tmp_path):
+    """A model whose config names a supported type but whose classes come from another module
+    (remote code, trust_remote_code=True) has none of the classes patching replaces: an error,
+    not a model that silently runs unpatched. Stood in for by Hugging Face's llama source loaded
+    as a module of its own."""
+    import importlib.util
+
+    from transformers.models.llama import modeling_llama
+
+    spec = importlib.util.spec_from_file_location("transformers.models.llama.remote_llama_copy", modeling_llama.__file__)
+    remote = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = remote
+    try:
+        spec.loader.exec_module(remote)
+        model = remote.LlamaForCausalLM(tiny_config("llama"))
+        with pytest.raises(ValueError, match="found none of Hugging Face's llama modules .*remote code"):
+            lpt.patch(model)
+        assert "forward" not in vars(model)
+        assert not any(type(m).__module__.startswith("liger_portable") for m in model.modules())
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_mixtral_experts_of_another_activation_keep_their_product(calls):
+    """After apply_liger_kernel_to_mixtral(), a Mixtral built with another activation computes its
+    own product (the class-level gate cannot check the config when it is replaced)."""
+    config = tiny_config("mixtral")
+    config.hidden_act = "gelu"
+    ref = type(tiny_model("mixtral"))(config)
+    lpt.apply_liger_kernel_to_mixtral(rope=False, rms_norm=False, fused_linear_cross_entropy=False)
+    torch.manual_seed(0)
+    model = type(ref)(config)
+    model.load_state_dict(ref.state_dict())
+    data = batch(4)
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert calls.get("swiglu", 0) == 0
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+
+
 @pytest.mark.parametrize("family", ["llama", "phi3", "gemma"])
 def test_patch_meta_device_model(family):
     """A model built on the meta device (how large models are built before their weights load) is

@@ -15,6 +15,8 @@ Two loss modes:
   LM head; the logits are never built and the output's ``logits`` is None (as with
   Liger-Kernel). In eval mode, or without labels, the logits are built as usual (evaluation and
   generation need them) and a loss, if labels are given, is the fused cross-entropy of those logits.
+  So is the loss of an LM head that is not a plain ``nn.Linear`` (a LoRA wrapper, a subclass) or
+  that has hooks: the fused loss reads the head's weight and would leave them out.
 * ``"ce"`` (``cross_entropy=True``): the logits are built as usual and the loss is
   :func:`liger_portable.functional.cross_entropy` of them.
 
@@ -28,6 +30,8 @@ import dataclasses
 from typing import Callable
 
 import torch
+
+from torch.nn.modules import module as _nn_module
 
 from .. import functional as F
 
@@ -43,6 +47,17 @@ LOSS_MODES = ("flce", "ce")
 HEADS = ("plain", "softcap", "scaled", "moe")
 # The model attribute the fused loss reads its chunk_mib from (None or absent: the device table's).
 CHUNK_MIB_ATTR = "liger_portable_chunk_mib"
+
+
+def fusable_head(head: torch.nn.Module) -> bool:
+    """True if the fused loss may stand in for ``head(hidden)``: a plain ``nn.Linear`` without
+    hooks (module or global). A LoRA wrapper, a subclass or a hook changes what the head computes,
+    which reading its ``weight`` and ``bias`` would silently leave out."""
+    return type(head) is torch.nn.Linear and not (
+        head._forward_hooks or head._forward_pre_hooks or head._backward_hooks or head._backward_pre_hooks
+        or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
+        or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks
+    )
 
 
 def _keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
@@ -146,7 +161,7 @@ def make_causal_lm_forward(head: str, loss_mode: str, load_balancing_loss_func: 
         softcap = getattr(config, "final_logit_softcapping", None) if head == "softcap" else None
 
         loss = logits = None
-        if labels is not None and loss_mode == "flce" and self.training:
+        if labels is not None and loss_mode == "flce" and self.training and fusable_head(self.lm_head):
             if head == "scaled":
                 hidden = hidden / config.logits_scaling
             chunk_mib = getattr(self, CHUNK_MIB_ATTR, None)  # set by patch(model, chunk_mib=...)

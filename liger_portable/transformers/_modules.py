@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.activations import ACT2FN
 
 from .. import functional as F
 from ..nn import GEGLUMLP, RMSNorm, SwiGLUMLP
@@ -63,12 +64,19 @@ class Phi3SwiGLUMLP(nn.Module):
         return self.down_proj(F.swiglu(gate, up, inplace_backward=True))
 
 
+# The activation modules transformers builds for the names SwiGLU computes (``ACT2FN[name]``).
+_SILU_TYPES = tuple({type(ACT2FN[name]) for name in SWIGLU_ACTS} | {nn.SiLU})
+
+
 def experts_apply_gate(self, gate_up_out: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of the fused-experts layout (transformers 5 ``MixtralExperts``: the
     gate and up halves of ``gate_up_out`` concatenated on the last dimension), fused. Bound as
     the experts module's ``_apply_gate``, which Hugging Face's grouped and batched experts
-    implementations call."""
+    implementations call. Experts whose activation is not SiLU (a model built with another
+    ``hidden_act`` after ``apply_liger_kernel_to_mixtral()``) get their own product, unfused."""
     gate, up = gate_up_out.chunk(2, dim=-1)
+    if not isinstance(self.act_fn, _SILU_TYPES):
+        return self.act_fn(gate) * up
     return F.swiglu(gate, up)
 
 

@@ -207,12 +207,20 @@ def _set_child(root: nn.Module, qualified_name: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent_name) if parent_name else root, child_name, module)
 
 
-def _patch_instance(family: Family, model: nn.Module, *, rope, rms_norm, glu, loss_mode) -> None:
+# liger_portable's modules that patching puts in (a model already patched, or built after the
+# class-level functions, has these instead of Hugging Face's).
+_OURS = (M.RMSNorm, M.SwiGLUMLP, M.GEGLUMLP, M.Phi3SwiGLUMLP)
+
+
+def _patch_instance(family: Family, model: nn.Module, *, rope, rms_norm, glu, loss_mode) -> list[nn.Module]:
+    """Patch ``model`` and the modules in it; returns the causal-LM heads whose forward got the
+    loss: ``model`` itself, or the one a wrapper (PEFT, say) holds."""
     modeling = family.modeling
     norm_cls = _original(modeling, family.norm)
     mlp_cls = _original(modeling, family.mlp) if family.mlp else None
     experts_cls = getattr(modeling, "MixtralExperts", None) if family.glu == "experts" else None
-    swaps, experts = [], []
+    causal_lm_cls = _original(modeling, family.causal_lm)
+    swaps, experts, heads, ours = [], [], [], 0
     for name, module in model.named_modules():  # build everything first: an error changes nothing
         if rms_norm and type(module) is norm_cls:
             swaps.append((name, _swap_norm(family, module)))
@@ -220,14 +228,28 @@ def _patch_instance(family: Family, model: nn.Module, *, rope, rms_norm, glu, lo
             swaps.append((name, _swap_mlp(family, module)))
         elif glu and experts_cls is not None and type(module) is experts_cls:
             experts.append(module)
+        elif isinstance(module, _OURS):
+            ours += 1
+        if isinstance(module, causal_lm_cls):
+            heads.append(module)
+    if (rms_norm or glu or loss_mode) and not (swaps or experts or heads or ours):
+        raise ValueError(
+            f"found none of Hugging Face's {family.name} modules ({family.norm}, {family.mlp or 'MixtralExperts'}, "
+            f"{family.causal_lm}) in this {type(model).__name__}: its classes are not those of {family.module} "
+            "(remote code, trust_remote_code=True?), so nothing would be patched. Load the model with "
+            "transformers' own classes (trust_remote_code=False)"
+        )
     for name, new in swaps:
         _set_child(model, name, new)
     for module in experts:
         module._apply_gate = types.MethodType(M.experts_apply_gate, module)
     if rope:
         _patch_rope(family)
-    if loss_mode is not None and isinstance(model, _original(modeling, family.causal_lm)):
-        model.forward = types.MethodType(_forward_for(family, loss_mode), model)
+    if loss_mode is None:
+        return []
+    for head in heads:
+        head.forward = types.MethodType(_forward_for(family, loss_mode), head)
+    return heads
 
 
 def _patch_rope(family: Family) -> None:
@@ -258,10 +280,11 @@ def patch(
     The model's RMSNorm and MLP modules are swapped for liger_portable's, holding the same
     ``Parameter`` objects (an optimizer built before or after keeps working; ``state_dict`` keys
     and values are unchanged); a causal-LM head gets the fused loss in its ``forward`` (this
-    instance only). ``rope`` replaces the modeling module's ``apply_rotary_pos_emb``, which every
-    model of the family in the process uses. Patch before wrapping the model (Trainer, FSDP / DDP,
-    hooks); a model already wrapped by ``torch.compile`` is patched inside its wrapper (the wrapper
-    is returned; a graph compiled before the patch is recompiled on the next call).
+    instance only; also the one inside a wrapper that proxies the config, such as PEFT's).
+    ``rope`` replaces the modeling module's ``apply_rotary_pos_emb``, which every model of the
+    family in the process uses. Patch before wrapping the model (Trainer, FSDP / DDP, hooks); a
+    model already wrapped by ``torch.compile`` is patched inside its wrapper (the wrapper is
+    returned; a graph compiled before the patch is recompiled on the next call).
 
     Args:
         model: a model of a supported family (:data:`MODEL_TYPES`): a ``XForCausalLM``, or its
@@ -282,9 +305,10 @@ def patch(
 
     Raises:
         ValueError: an unsupported ``model_type`` (the message lists the supported ones), both
-            losses requested, an activation the fused MLP does not compute, or ``chunk_mib``
-            that is not a positive whole number or given without the fused loss. Nothing is
-            changed when it raises.
+            losses requested, an activation the fused MLP does not compute, ``chunk_mib``
+            that is not a positive whole number or given without the fused loss, or a model with
+            none of Hugging Face's classes of its family (remote code). Nothing is changed when it
+            raises.
     """
     _check_flags(cross_entropy, fused_linear_cross_entropy, rope=rope, rms_norm=rms_norm, swiglu=swiglu)
     chunk_mib = check_chunk_mib(chunk_mib)
@@ -293,12 +317,13 @@ def patch(
     inner = compiled_inner(model)
     family = family_of(inner)
     _check_act(family, inner.config, swiglu, "swiglu")
-    _patch_instance(
+    heads = _patch_instance(
         family, inner, rope=rope, rms_norm=rms_norm, glu=swiglu,
         loss_mode=_loss_mode(cross_entropy, fused_linear_cross_entropy),
     )
     if chunk_mib is not None:
-        setattr(inner, CHUNK_MIB_ATTR, chunk_mib)
+        for head in heads or [inner]:
+            setattr(head, CHUNK_MIB_ATTR, chunk_mib)
     return model
 
 
