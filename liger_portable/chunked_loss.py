@@ -44,6 +44,7 @@ import torch.nn.functional as TF
 
 from .functional import check_flce_args, flce_kernel_device, fused_linear_cross_entropy
 from ._checks import check_choice, check_nonneg_number, check_real, is_integer
+from ._autograd import first_order_only
 
 if importlib.util.find_spec("triton") is not None:
     from .ops import fused_linear_cross_entropy as _flce_ops
@@ -268,6 +269,7 @@ class _OnePass(torch.autograd.Function):
         return collect.loss.clone()
 
     @staticmethod
+    @first_order_only("chunked loss (one pass)")
     def backward(ctx, grad):
         # grad is a 0-dim factor: each product stays in its gradient's dtype, rounded once
         gh, gw, gb = (None if g is None else g * grad for g in ctx.saved_tensors)
@@ -960,6 +962,7 @@ class _FusedLinearDistillation(torch.autograd.Function):
         return w_hard * hard + w_soft * soft, soft, hard
 
     @staticmethod
+    @first_order_only("distillation loss")
     def backward(ctx, grad, _soft, _hard):
         gh, gw, gb = ctx.saved_tensors
         # grad is a 0-dim factor: each product stays in its gradient's dtype, rounded once

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .._autograd import first_order_only
+
 # Memory of one chunk of compute-dtype logits, in bytes (a module constant the tests lower).
 CHUNK_BYTES = 32 * 2**20
 # Bytes in one MiB of a caller's ``chunk_mib`` (the tests lower it, as CHUNK_BYTES).
@@ -119,6 +121,7 @@ class _CrossEntropy(torch.autograd.Function):
         return loss, z
 
     @staticmethod
+    @first_order_only("cross_entropy")
     def backward(ctx, dloss, _dz):
         grad, count = ctx.saved_tensors
         f = _scale_for(dloss, ctx.reduction, count, grad.shape[0])
@@ -196,6 +199,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return loss, z
 
     @staticmethod
+    @first_order_only("fused_linear_cross_entropy")
     def backward(ctx, dloss, _dz):
         hidden, weight, target, bias, count, gh, gw, gb = ctx.saved_tensors
         ignore_index, label_smoothing, lse_square_scale, softcap, reduction = ctx.options

@@ -283,6 +283,7 @@ def mean_scale(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
 # a custom op, opaque to the compiler (no graph break), which returns the unscaled gradient as an
 # output; the reduction and the product with the incoming gradient are traced PyTorch.
 
+from .._autograd import first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
 
 # The loss an autograd.Function returns is neither a no-op ``.to`` (as_dtype) nor an in-place result:
 # either got a zero gradient under torch.compile with torch 2.11.
@@ -360,6 +361,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return loss, z
 
     @staticmethod
+    @first_order_only("cross_entropy")
     def backward(ctx, dloss, _dz):
         if torch.compiler.is_compiling():
             # The gradient of the reduction, then the unscaled row gradients times it (out of place).

@@ -310,6 +310,7 @@ def _reduce(loss_rows, z_rows, reduction, target, ignore_index, dtype):
 # opaque to the compiler (no graph break). There the forward op returns the reduced loss and (mean /
 # sum) the gradients as extra outputs, and the backward multiplies them (out of place).
 
+from .._autograd import first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
 
 @torch.library.custom_op("liger_portable::fused_linear_cross_entropy", mutates_args=())
 def flce_op(
@@ -398,6 +399,7 @@ class _FLCEFunction(torch.autograd.Function):
         return loss, z
 
     @staticmethod
+    @first_order_only("fused_linear_cross_entropy")
     def backward(ctx, dloss, _dz):
         if torch.compiler.is_compiling():
             if ctx.reduction == "none":

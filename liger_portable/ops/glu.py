@@ -207,6 +207,7 @@ def can_write_in_place(a: torch.Tensor, b: torch.Tensor) -> bool:
 # ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break); that path computes the backward out of
 # place (the kernel ops do not mutate their inputs).
 
+from .._autograd import first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
 
 def _glu_op_fake(a, b, act):
     return a.new_empty(a.shape)
@@ -260,6 +261,7 @@ class _GLUFunction(torch.autograd.Function):
         return c
 
     @staticmethod
+    @first_order_only("swiglu/geglu")
     def backward(ctx, dc):
         if torch.compiler.is_compiling():
             a, b = ctx.saved_tensors

@@ -349,6 +349,7 @@ def _bwd(dy, x, weight, bias, mean, rstd, config, dev, need_sums: bool = True):
 # (the cheapest path on the host) and, under torch.compile, call the same launches through kernel
 # ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break).
 
+from .._autograd import first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
 
 def _layer_norm_op_fake(x, weight, bias, eps):
     mean = x.new_empty(x.shape[:1], dtype=torch.float32)
@@ -391,6 +392,7 @@ class _LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order_only("layer_norm")
     def backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         if torch.compiler.is_compiling():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .glu import can_write_in_place, glu_bwd, glu_fwd
+from .._autograd import first_order_only
 from .launching import eager_apply
 
 
@@ -28,6 +29,7 @@ class _GLUDownFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order_only("swiglu/geglu (fused with the down projection)")
     def backward(ctx, dy):
         if ctx.done:
             raise RuntimeError(

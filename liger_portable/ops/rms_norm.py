@@ -336,6 +336,7 @@ def _bwd(kernel, dy, ds, x, weight, rstd, offset, gemma, config, dev, need_dw: b
 # (the cheapest path on the host) and, under torch.compile, call the same launches through kernel
 # ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break).
 
+from .._autograd import first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
 
 def _rms_norm_op_fake(x, weight, eps, offset, gemma):
     return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty((x.shape[0] + 1,), dtype=torch.float32)
@@ -372,6 +373,7 @@ class _RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order_only("rms_norm")
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
         if torch.compiler.is_compiling():
@@ -436,6 +438,7 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
         return y, s
 
     @staticmethod
+    @first_order_only("fused_add_rms_norm")
     def backward(ctx, dy, ds):
         if dy is None:  # only the sum was used: its gradient passes through, the weight gets none
             return ds, ds, None, None, None, None, None

@@ -208,6 +208,7 @@ def rope_bwd(
 # (the cheapest path on the host) and, under torch.compile, call the same launches through kernel
 # ops (launching.kernel_op: on CUDA the compiled code launches the kernels itself; no graph break).
 
+from .._autograd import first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
 
 def _rope_op_fake(q, k, cos, sin):
     return out_like(q), out_like(k)
@@ -246,6 +247,7 @@ class _RopeFunction(torch.autograd.Function):
         return qo, ko
 
     @staticmethod
+    @first_order_only("rope")
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
         if torch.compiler.is_compiling():
