@@ -470,6 +470,16 @@ def _check_target(target: torch.Tensor, shape: torch.Size, what: str) -> None:
         raise ValueError(f"target must have shape {tuple(shape)} ({what}), got {tuple(target.shape)}")
 
 
+def _check_ignore_index_fits(target: torch.Tensor, ignore_index: int) -> None:
+    """An int32 target compares with an ``ignore_index`` beyond int32 after wrapping it (2**32
+    equals class 0): refused rather than ignoring the wrong rows."""
+    if target.dtype == torch.int32 and not -(2**31) <= ignore_index < 2**31:
+        raise ValueError(
+            f"ignore_index={ignore_index} is outside the range of target's dtype torch.int32; pass int64 "
+            "targets (target.long()) or an ignore_index within int32"
+        )
+
+
 def _check_target_range(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
     """On the CPU (free there; skipped under torch.compile, where it would break the graph).
     On a GPU there is no check, to avoid a host sync: a row whose target is out of range gets a
@@ -540,7 +550,8 @@ def cross_entropy(
         inplace_backward: write the gradient over ``logits`` during the forward instead of a new
             tensor: no memory beyond the logits themselves (Liger-Kernel always does this). Only
             for a caller that owns the logits: after the call they hold the gradient, not the
-            logits, and backward can run once. Ignored under torch.compile and on the CPU path.
+            logits, and backward can run once. Ignored under torch.compile, on the CPU path and
+            where rows of ``logits`` share memory (an expanded tensor).
 
     Returns:
         The loss in the logits dtype (a scalar, or per-row for ``"none"``); ``(loss, z_loss)`` with
@@ -553,6 +564,7 @@ def cross_entropy(
     label_smoothing, lse_square_scale, softcap, ignore_index = check_ce_options(
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
+    _check_ignore_index_fits(target, ignore_index)
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be True or False, got {inplace_backward!r}")
     device = same_device(logits=logits, target=target)
@@ -565,9 +577,11 @@ def cross_entropy(
         return fallback.cross_entropy(
             logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
         )
+    rows = _rows(logits, inplace_backward)
+    if inplace_backward and rows.shape[0] > 1 and rows.stride(0) < rows.shape[1]:
+        inplace_backward = False  # rows that share memory (an expanded tensor): one row's gradient would overwrite another's logits
     loss, z = _ce_ops.cross_entropy(
-        _rows(logits, inplace_backward), _flat(target), ignore_index, label_smoothing, lse_square_scale,
-        softcap, reduction, inplace_backward, dev,
+        rows, _flat(target), ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace_backward, dev,
     )
     return _loss_result(loss, z, target, reduction, return_z_loss)
 
@@ -602,6 +616,7 @@ def check_flce_args(
     label_smoothing, lse_square_scale, softcap, ignore_index = check_ce_options(
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
     )
+    _check_ignore_index_fits(target, ignore_index)
     device = same_device(**tensors)
     chunk_mib = check_chunk_mib(chunk_mib)
     if weight.shape[0] == 0:

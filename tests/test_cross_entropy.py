@@ -183,6 +183,14 @@ def test_bad_input_names_the_argument():
         lnn.CrossEntropyLoss(reduction="avg")
     # int32 targets and ignore_index outside the range are fine
     F.cross_entropy(x, t.int(), ignore_index=-100)
+    # ...but an ignore_index beyond int32 would compare with int32 targets after wrapping (2**32 equals 0)
+    t32 = t.clamp(min=0).int()
+    for fn in (lambda i: F.cross_entropy(x, t32, ignore_index=i),
+               lambda i: F.fused_linear_cross_entropy(x, torch.randn(10, 10), t32, ignore_index=i)):
+        with pytest.raises(ValueError, match=r"^ignore_index=4294967296 is outside the range of target's dtype torch.int32"):
+            fn(2**32)
+        fn(2**31 - 1)  # within range: fine
+    F.cross_entropy(x, t32.long(), ignore_index=2**32)  # int64 targets: fine
 
 
 def test_module():
@@ -250,6 +258,21 @@ def test_kernel_interpreter_inplace(simulated_device, poison):
         loss2 = F.cross_entropy(x.clone().requires_grad_(), t)
         loss2.backward(retain_graph=True)
         loss2.backward()
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_inplace_on_rows_that_share_memory(simulated_device, poison):
+    """In place on logits whose rows share memory (an expanded tensor the caller owns) would write
+    one row's gradient over the logits the next row reads: the gradient goes to a tensor of its own."""
+    x, t = _inputs(1, 300, torch.float32)
+    t = torch.tensor([3, 7, 11])
+    ref = reference(x.expand(3, 300), t)
+    base = x.clone().requires_grad_()
+    work = (base * 1).expand(3, 300)
+    loss = F.cross_entropy(work, t, inplace_backward=True)
+    assert rel_err(loss, ref[0]) <= 1e-5
+    loss.backward()
+    assert rel_err(base.grad, ref[2].sum(0, keepdim=True)) <= 1e-5
 
 
 @pytest.mark.interpreter
