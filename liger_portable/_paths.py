@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+import warnings
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -37,10 +39,21 @@ def shipped_cache_dir() -> Path:
 
 def user_cache_dir() -> Path:
     """The read-write user autotune cache: ``$LIGER_PORTABLE_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/liger_portable``, else ``~/.cache/liger_portable``."""
+    ``$XDG_CACHE_HOME/liger_portable``, else ``~/.cache/liger_portable``; without a home directory
+    (no ``HOME``, no user entry) a folder of this user's in the temporary folder, with a warning."""
     env = os.environ.get(ENV_CACHE_DIR)
     if env:
         return Path(env).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "liger_portable"
+    if xdg:
+        return Path(xdg).expanduser() / "liger_portable"
+    try:
+        return Path.home() / ".cache" / "liger_portable"
+    except RuntimeError:  # no HOME and no passwd entry (a bare service or container environment)
+        fallback = Path(tempfile.gettempdir()) / f"liger_portable-{getattr(os, 'getuid', lambda: 'user')()}"
+        warnings.warn(  # shown once (Python's default warning filter)
+            f"liger_portable: no home directory (HOME unset and no user entry): the autotune cache is "
+            f"{fallback}; set {ENV_CACHE_DIR} to choose it",
+            stacklevel=2,
+        )
+        return fallback

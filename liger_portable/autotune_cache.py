@@ -219,6 +219,22 @@ def on_write(hook: Callable[[], None]) -> None:
 # --------------------------------------------------------------------------- writing
 
 
+# What flock() answers on a file system that does not lock (Lustre without -o flock, some network
+# and FUSE mounts).
+_NO_LOCKING = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+
+
+def _flock(fd: int, op: int) -> None:
+    """``fcntl.flock``; a file system that does not lock raises :class:`NoTuningLock` (an
+    ``OSError``: writes then fall back to memory, run-time tuning to this process alone)."""
+    try:
+        fcntl.flock(fd, op)
+    except OSError as e:
+        if e.errno in _NO_LOCKING:
+            raise NoTuningLock(e.errno, f"the file system does not lock files ({os.strerror(e.errno)})") from e
+        raise
+
+
 @contextmanager
 def _held(fd: int, timeout: float | None) -> Iterator[bool]:
     """Exclusive ``fcntl.flock`` on the open file ``fd``; yields whether it was taken.
@@ -229,16 +245,18 @@ def _held(fd: int, timeout: float | None) -> Iterator[bool]:
     """
     got = False
     if timeout is None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _flock(fd, fcntl.LOCK_EX)
         got = True
     else:
         deadline = time.monotonic() + timeout
         delay = 0.005
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 got = True
                 break
+            except NoTuningLock:
+                raise
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                     raise
@@ -293,8 +311,9 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 class NoTuningLock(OSError):
-    """The tuning lock cannot work here: no ``fcntl``, or the user cache is not writable (entries
-    would stay in one process's memory, so other processes could not see them)."""
+    """The tuning lock cannot work here: no ``fcntl``, a file system that does not lock files, or
+    the user cache is not writable (entries would stay in one process's memory, so other processes
+    could not see them)."""
 
 
 def tuning_lock_file(device: DeviceInfo) -> Path:
@@ -320,8 +339,9 @@ def tuning_lock(device: DeviceInfo, timeout: float | None) -> Iterator[bool]:
     Distinct from the write lock of :func:`record`, which the holder takes while it records.
 
     Raises:
-        NoTuningLock: no ``fcntl``, or the user cache location is not writable (or already fell
-            back to memory in this process): processes cannot share results through it.
+        NoTuningLock: no ``fcntl``, a file system that does not lock files, or the user cache
+            location is not writable (or already fell back to memory in this process): processes
+            cannot share results through it.
     """
     if fcntl is None:  # pragma: no cover - Windows
         raise NoTuningLock("no fcntl on this platform")

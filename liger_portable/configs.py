@@ -401,6 +401,26 @@ def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtyp
     return None
 
 
+def usable_entry(spec: KernelSpec, device: DeviceInfo, named: Mapping[str, int], dtype: torch.dtype) -> dict | None:
+    """The user cache's entry for this problem (:func:`autotune_cache.lookup_entry`) if
+    :func:`resolve` would use its config (legal on ``device``), else None: tuning and the warmup
+    treat an unusable entry (an illegal or missing config, e.g. written by another version of the
+    package) as a miss, which the next tuned result replaces. Times that are not numbers read as None."""
+    entry = autotune_cache.lookup_entry(spec, device, named, dtype)
+    if entry is None or not isinstance(entry.get("config"), dict):
+        return None
+    try:
+        check_config(entry["config"], spec, device.backend, Limits.of(device), f"user cache kernel {spec.name!r}",
+                     arch=device.arch)
+    except ConfigError:
+        return None
+
+    def number(v: Any) -> float | None:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    return {**entry, "time_ms": number(entry.get("time_ms")), "default_ms": number(entry.get("default_ms"))}
+
+
 # Called on a cache miss when LIGER_PORTABLE_AUTOTUNE=1 is set at that moment:
 # handler(kernel, device, problem, dtype) -> True if the user cache now holds an entry. The tuner
 # (liger_portable.tuning.runtime) installs itself here; this module never imports it.

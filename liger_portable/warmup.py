@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from liger_portable import autotune_cache, _warmup, tuning
+from liger_portable import autotune_cache, configs, _warmup, tuning
 from liger_portable.hardware import platform
 from liger_portable.specs import SPECS
 from liger_portable._arguments import WARMUP_DTYPES, warmup_parser
@@ -73,7 +73,7 @@ def target_device():
 def cache_status(prob: _warmup.Problem, dev) -> str:
     if dev is None:
         return "-"
-    entry = autotune_cache.lookup_entry(SPECS[prob.kernel], dev, prob.named, prob.dtype)
+    entry = configs.usable_entry(SPECS[prob.kernel], dev, prob.named, prob.dtype)
     if entry is not None:
         return "cached"
     shipped = list(autotune_cache.lookup(SPECS[prob.kernel], dev, prob.named, prob.dtype))
@@ -153,7 +153,7 @@ def _choose(p: _warmup.Problem, dev) -> dict:
     """The cached entry of ``p``, else tune it under the device model's tuning lock (another
     process may record it meanwhile: then its entry is taken). Never raises: a failure is a row."""
     spec = SPECS[p.kernel]
-    entry = autotune_cache.lookup_entry(spec, dev, p.named, p.dtype)
+    entry = configs.usable_entry(spec, dev, p.named, p.dtype)
     if entry is not None:  # current cache: a re-run is a no-op
         return {**entry, "status": "cached"}
     hook = tuning.hook_for(p.kernel)
@@ -173,7 +173,7 @@ def _choose(p: _warmup.Problem, dev) -> dict:
                 if not got:
                     return {"status": "failed", "error": f"tuning lock busy ({autotune_cache.lock_holder(dev) or 'another process'})"}
                 autotune_cache.reread(dev)
-                entry = autotune_cache.lookup_entry(spec, dev, p.named, p.dtype)
+                entry = configs.usable_entry(spec, dev, p.named, p.dtype)
                 if entry is not None:
                     return {**entry, "status": "cached"}
                 return tune()
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
         got = tuning.agree(lambda p=p: _choose(p, dev), model=dev.model_slug) if distributed else _choose(p, dev)
         if distributed and got["status"] in ("tuned", "cached"):
             autotune_cache.reread(dev)  # the leader may share this cache folder and have recorded it already
-            if autotune_cache.lookup_entry(spec, dev, p.named, p.dtype) is None:
+            if configs.usable_entry(spec, dev, p.named, p.dtype) is None:
                 # another node's leader chose it: record its result here too, so every rank reads it later
                 autotune_cache.record(spec, dev, p.named, p.dtype, got["config"], got.get("time_ms"), got.get("default_ms"))
         if got.get("compile"):

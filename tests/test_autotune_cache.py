@@ -524,6 +524,75 @@ def test_autotune_cache_hit_does_not_tune(monkeypatch):
     assert hook.calls == []
 
 
+def test_autotune_all_configs_failing_warns(monkeypatch):
+    runtime.register_hook(KERNEL, lambda d, n, t: fake_run({}, raises=lambda c: True))
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    with pytest.warns(RuntimeWarning, match=r"tuning rms_norm_fwd .*: no config ran \(RuntimeError: out of resources"):
+        assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+
+
+def test_unusable_cached_entry_is_a_miss_that_tuning_replaces(monkeypatch):
+    """An entry resolve cannot use (here 64 warps, over the device's limit; e.g. written by another
+    version of the package) is ignored with a warning and, with autotuning on, tuned again and
+    replaced, instead of blocking tuning for good."""
+    bad = {**CFG, "num_warps": 64}
+    key = autotune_cache.entry_key(SPEC, NAMED, torch.bfloat16)
+    autotune_cache.write_entries(user_file(), H200.name, {key: autotune_cache.make_entry(bad, 0.01, 0.02)})
+    assert configs.usable_entry(SPEC, H200, NAMED, torch.bfloat16) is None
+    hook = _hook()
+    runtime.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    with pytest.warns(RuntimeWarning, match="ignoring a cached config"):
+        r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
+    assert len(hook.calls) == 1 and r.source == "user cache NVIDIA_H200.json"
+    assert load(user_file())["entries"][key]["config"]["num_warps"] != 64
+    assert configs.usable_entry(SPEC, H200, NAMED, torch.bfloat16)["config"] == r.config.to_dict()
+
+
+def test_usable_entry_reads_bad_times_as_none():
+    key = autotune_cache.entry_key(SPEC, NAMED, torch.bfloat16)
+    autotune_cache.write_entries(user_file(), H200.name, {key: {"config": CFG, "time_ms": "0.05", "default_ms": True}})
+    entry = configs.usable_entry(SPEC, H200, NAMED, torch.bfloat16)
+    assert entry["config"] == CFG and entry["time_ms"] is None and entry["default_ms"] is None
+
+
+def test_file_system_without_locking_falls_back_to_memory(monkeypatch):
+    """flock() failing as on a file system that does not lock (Lustre without -o flock: ENOSYS)
+    neither stops the kernel call nor tuning: the tuned entry is kept in memory, as with an
+    unwritable folder."""
+    import errno
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(autotune_cache.fcntl, "flock", no_flock)
+    hook = _hook()
+    runtime.register_hook(KERNEL, hook)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    with pytest.warns(RuntimeWarning, match="cannot write the autotune cache"):
+        r = resolve(KERNEL, H200, PROBLEM, torch.bfloat16)
+    assert len(hook.calls) == 1 and r.source == "user cache NVIDIA_H200.json (in memory)"
+
+
+def test_no_home_directory_uses_a_temporary_folder(monkeypatch):
+    """Without HOME and without a user entry Path.home() raises: the cache folder is one of this
+    user's in the temporary folder, with a warning, and resolving still works."""
+    import tempfile
+    from pathlib import Path as P
+
+    monkeypatch.delenv(_paths.ENV_CACHE_DIR, raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home(cls=None):
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(P, "home", classmethod(no_home))
+    with pytest.warns(UserWarning, match="no home directory"):
+        where = _paths.user_cache_dir()
+    assert where.parent == P(tempfile.gettempdir()) and where.name.startswith("liger_portable-")
+    assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+
+
 def test_register_unknown_kernel():
     with pytest.raises(KeyError, match="unknown kernel 'nope'"):
         runtime.register_hook("nope", _hook())

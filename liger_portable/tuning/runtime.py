@@ -197,7 +197,11 @@ def _tune_now(kernel: str, device: DeviceInfo, named: dict, dtype: torch.dtype, 
     except Exception as e:  # noqa: BLE001 - tuning must never stop training
         _warn_once(f"liger_portable: tuning {kernel} for {named} failed ({type(e).__name__}: {e}); using the table default")
         return False
-    return result.time_ms is not None
+    if result.time_ms is None:
+        reasons = "; ".join(err for _, err in result.skipped[:2])
+        _warn_once(f"liger_portable: tuning {kernel} for {named}: no config ran ({reasons}); using the table default")
+        return False
+    return True
 
 
 def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.dtype) -> bool:
@@ -244,7 +248,7 @@ def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.
                 )
                 return False
             autotune_cache.reread(device)  # another process may have tuned it while this one waited
-            if autotune_cache.lookup_entry(spec, device, named, dtype) is not None:
+            if configs.usable_entry(spec, device, named, dtype) is not None:
                 return True
             return _tune_now(kernel, device, named, dtype, hook)
     except autotune_cache.NoTuningLock as e:
@@ -257,6 +261,9 @@ def autotune_miss(kernel: str, device: DeviceInfo, problem: tuple, dtype: torch.
             )
             return False
         return _tune_now(kernel, device, named, dtype, hook)
+    except OSError as e:  # the lock file itself failed: never stop training over it
+        _warn_once(f"liger_portable: tuning {kernel} for {named} could not take the tuning lock ({e}); using the table default")
+        return False
 
 
 configs.set_miss_handler(autotune_miss)  # tuning wraps the lookup from above
