@@ -226,6 +226,9 @@ def _base_entries(base: Any, bname: str) -> tuple[dict, dict[str, dict]]:
         if not isinstance(entry, dict):
             raise _error(f"{kw}: entry must be an object with 'rules' (and 'search', 'base')")
         _reject_options(entry.get("base"), f"{kw} base")
+        for field in ("rules", "search", "base"):
+            if field in entry and entry[field] is None:
+                raise _error(f"{kw}: field {field!r} is null; give a value or leave the field out")
         rules = entry.get("rules")
         if rules is not None:
             if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
@@ -278,8 +281,8 @@ def expand(data: Any, path: Path, backend: str, base: tuple[Any, Path] | None = 
         root = sname == "default" or inherits == "base"
         if root:  # base.json's entries
             parents = base_entries
-        elif isinstance(out.get("default"), dict):  # the default's entries, merged
-            parents = {k: e for k, e in out["default"].get("kernels", {}).items() if isinstance(e, dict)}
+        elif isinstance(out.get("default"), dict) and isinstance(out["default"].get("kernels", {}), dict):
+            parents = {k: e for k, e in out["default"].get("kernels", {}).items() if isinstance(e, dict)}  # merged
         else:
             parents = {}  # a malformed default: parse_table reports it
         kernels: dict[str, Any] = {}

@@ -524,7 +524,11 @@ def test_inherits_base_section_missing_a_kernel(tmp_path):
     (lambda d, b: b.update(limits={}), ("base.json", "'limits'", "hardware facts")),
     (lambda d, b: b["kernels"].update({"rms_norm_fwdd": {}}), ("base.json kernel 'rms_norm_fwdd'", "unknown kernel")),
     (lambda d, b: b.update(schema=2), ("base.json", "'schema'")),
-], ids=["twice", "inherits-value", "inherits-in-default", "base-limits", "base-unknown-kernel", "base-schema"])
+    (lambda d, b: d["sections"]["default"].update(kernels=[]), ("cuda.json [default]", "'kernels'")),
+    (lambda d, b: b["kernels"][next(iter(b["kernels"]))].update(rules=None), ("base.json kernel", "'rules' is null")),
+    (lambda d, b: b["kernels"][next(iter(b["kernels"]))].update(search=None), ("base.json kernel", "'search' is null")),
+], ids=["twice", "inherits-value", "inherits-in-default", "base-limits", "base-unknown-kernel", "base-schema",
+        "default-kernels-list", "base-rules-null", "base-search-null"])
 def test_malformed_inheritance(tmp_path, change, fragments):
     data, base = raw_table("cuda"), raw_table("base")
     change(data, base)
