@@ -389,11 +389,27 @@ def _fit_to_device(cfg: dict[str, Any], limits: Limits) -> dict[str, Any]:
     return cfg
 
 
+# Triton's largest block (``TRITON_MAX_TENSOR_NUMEL``): a tile beyond it does not compile.
+MAX_TILE_ELEMENTS = 2**20
+
+
+def check_cached(cfg: Any, spec: KernelSpec, device: DeviceInfo, named: Mapping[str, int], where: str) -> None:
+    """Raise :class:`ConfigError` if a tuned ``cfg`` cannot be used for the problem ``named`` on
+    ``device``: a field out of its range or the device's limits, or a tile larger than Triton
+    compiles (each field can be legal alone and the tile too large: ``BLOCK_M`` x the column block)."""
+    check_config(cfg, spec, device.backend, Limits.of(device), f"{where} kernel {spec.name!r}", arch=device.arch)
+    if spec.tile_values is not None:
+        tile = spec.tile_values(cfg, dict(named))
+        if tile > MAX_TILE_ELEMENTS:
+            raise ConfigError(f"{where} kernel {spec.name!r}: a tile of {tile} values for {dict(named)} is over "
+                              f"Triton's {MAX_TILE_ELEMENTS}-element limit")
+
+
 def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtype, limits: Limits) -> Resolved | None:
     """The first legal tuned config in the caches (user, then shipped), or ``None``."""
     for cfg, where in autotune_cache.lookup(spec, device, named, dtype):
         try:
-            check_config(cfg, spec, device.backend, limits, f"{where} kernel {spec.name!r}", arch=device.arch)
+            check_cached(cfg, spec, device, named, where)
         except ConfigError as e:
             _warn_once(f"liger_portable: ignoring a cached config: {e}")
             continue
@@ -410,8 +426,7 @@ def usable_entry(spec: KernelSpec, device: DeviceInfo, named: Mapping[str, int],
     if entry is None or not isinstance(entry.get("config"), dict):
         return None
     try:
-        check_config(entry["config"], spec, device.backend, Limits.of(device), f"user cache kernel {spec.name!r}",
-                     arch=device.arch)
+        check_cached(entry["config"], spec, device, named, "user cache")
     except ConfigError:
         return None
 

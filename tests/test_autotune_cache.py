@@ -549,6 +549,18 @@ def test_unusable_cached_entry_is_a_miss_that_tuning_replaces(monkeypatch):
     assert configs.usable_entry(SPEC, H200, NAMED, torch.bfloat16)["config"] == r.config.to_dict()
 
 
+def test_cached_tile_over_tritons_limit_is_ignored():
+    """Each field within its range, the tile too large for Triton (64 rows x 32768 columns = 2**21
+    values): one warning and the table default, not a launch that fails to compile."""
+    named = {"n_cols": 32768, "n_rows": 64}
+    cfg = {"num_warps": 32, "num_stages": 1, "BLOCK_M": 64, "BLOCK_N_MAX": 32768}
+    autotune_cache.record(SPEC, H200, named, torch.float32, cfg, 0.01, 0.02)
+    with pytest.warns(RuntimeWarning, match=r"ignoring a cached config: .*tile of 2097152 values .* over Triton's 1048576"):
+        r = resolve(KERNEL, H200, (32768, 64), torch.float32)
+    assert r.source.startswith("table")
+    assert configs.usable_entry(SPEC, H200, named, torch.float32) is None
+
+
 def test_usable_entry_reads_bad_times_as_none():
     key = autotune_cache.entry_key(SPEC, NAMED, torch.bfloat16)
     autotune_cache.write_entries(user_file(), H200.name, {key: {"config": CFG, "time_ms": "0.05", "default_ms": True}})
