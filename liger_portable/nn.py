@@ -36,7 +36,9 @@ __all__ = [
 
 class RMSNorm(nn.Module):
     """Drop-in for Hugging Face's ``LlamaRMSNorm``: same ``weight`` parameter, same
-    ``variance_epsilon`` attribute, same ``state_dict``.
+    ``variance_epsilon`` attribute, same ``state_dict``. The output has the input's dtype (as
+    Liger-Kernel's), also where the weight's differs: Hugging Face's promotes a bf16 input times an
+    fp32 weight to fp32.
 
     Args:
         hidden_size: size of the last dimension.
