@@ -96,10 +96,11 @@ def rowwise(
         locals_.append(t.to_local(grad_placements=grad_placements))
     out = fn(*locals_)
 
-    stride = torch.empty(x.shape, device="meta").stride()  # the outputs are contiguous
+    stride = torch.empty(x.shape, device="meta").stride()  # the outputs are made contiguous
 
     def wrap(y: torch.Tensor) -> torch.Tensor:
-        return DTensor.from_local(y, mesh, placements, run_check=False, shape=x.shape, stride=stride)
+        # The kernels' outputs are contiguous; the fallback's keep a strided input's layout.
+        return DTensor.from_local(y.contiguous(), mesh, placements, run_check=False, shape=x.shape, stride=stride)
 
     return tuple(wrap(y) for y in out) if isinstance(out, tuple) else wrap(out)
 

@@ -164,6 +164,19 @@ def check_dtensor(dtype: torch.dtype, device: torch.device) -> list[dict]:
             rows.append({"check": f"dtensor {name} x={placement}", "dtype": str(dtype).removeprefix("torch."),
                          "max rel err": worst, "tol": tol, "ok": worst <= tol})
 
+    # A non-contiguous local shard (sequence parallel on a transposed tensor: Shard(1) of a
+    # (batch, seq, hidden) view whose local shard is strided): the right values, and an output whose
+    # local tensor is contiguous, as the DTensor's stride metadata says.
+    x3 = torch.randn(3 * world, 4, hidden, generator=g).to(device, dtype)
+    dx_cm = distribute_tensor(x3, mesh, [Shard(0)]).transpose(0, 1)
+    y_cm = F.rms_norm(dx_cm, distribute_tensor(w, mesh, [Replicate()]))
+    err = rel(full(y_cm), F.rms_norm(x3.transpose(0, 1), w))
+    contiguous = y_cm.to_local().is_contiguous()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    rows.append({"check": "dtensor rms_norm x=Shard(0) of a non-contiguous tensor", "dtype": str(dtype).removeprefix("torch."),
+                 "max rel err": err if contiguous else float("inf"), "tol": tol, "ok": contiguous and err <= tol,
+                 "local output contiguous": contiguous})
+
     # Unsupported layouts are errors that name the argument.
     xd, wd = distribute_tensor(x, mesh, [Shard(0)]), distribute_tensor(w, mesh, [Replicate()])
     bad = {

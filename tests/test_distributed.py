@@ -31,6 +31,7 @@ def test_dtensor_norms_and_fsdp2_norm_grads(tmp_path):
     results = _torchrun(tmp_path, "--checks", "dtensor", "--dtype", "float32", "bfloat16")
     names = [r["check"] for r in results]
     assert sum("fsdp2" in n for n in names) == 2 and sum("error" in n for n in names) == 8
+    assert sum("non-contiguous" in n for n in names) == 2
     assert all(r["ok"] for r in results), [r for r in results if not r["ok"]]
 
 
