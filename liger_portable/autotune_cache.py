@@ -255,9 +255,7 @@ def _held(fd: int, timeout: float | None) -> Iterator[bool]:
                 _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 got = True
                 break
-            except NoTuningLock:
-                raise
-            except OSError as e:
+            except OSError as e:  # NoTuningLock's errno is none of these: raised as it is
                 if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                     raise
             left = deadline - time.monotonic()

@@ -405,7 +405,7 @@ def check_cached(cfg: Any, spec: KernelSpec, device: DeviceInfo, named: Mapping[
                               f"Triton's {MAX_TILE_ELEMENTS}-element limit")
 
 
-def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtype, limits: Limits) -> Resolved | None:
+def _cached(spec: KernelSpec, device: DeviceInfo, named: dict, dtype: torch.dtype) -> Resolved | None:
     """The first legal tuned config in the caches (user, then shipped), or ``None``."""
     for cfg, where in autotune_cache.lookup(spec, device, named, dtype):
         try:
@@ -457,12 +457,12 @@ def _resolve_uncached(kernel: str, device: DeviceInfo, problem: tuple, dtype: to
         )
     named = dict(zip(spec.key, problem))
     limits = Limits.of(device)
-    hit = _cached(spec, device, named, dtype, limits)
+    hit = _cached(spec, device, named, dtype)
     if hit is not None:
         return hit
     if autotune_enabled() and _miss_handler is not None:
         if _miss_handler(kernel, device, problem, dtype):
-            hit = _cached(spec, device, named, dtype, limits)
+            hit = _cached(spec, device, named, dtype)
             if hit is not None:
                 return hit
     table = load_table(device.backend)
