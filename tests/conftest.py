@@ -106,30 +106,83 @@ def big_memory_lock_path() -> str:
     return os.path.join(tempfile.gettempdir(), f"liger_portable_big_memory_test.{os.getuid()}.lock")
 
 
+HEAVY_MEMORY_SLOT_GIB = 32
+
+
+def heavy_memory_slots() -> int:
+    """How many ``heavy_memory`` tests may run at once: one per 32 GiB of device memory (2 on an
+    80 GiB card, 4 on a 141 GiB one), at least one."""
+    xpu = getattr(torch, "xpu", None)
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+    elif xpu is not None and xpu.is_available():
+        total = xpu.get_device_properties(0).total_memory
+    else:
+        return 1
+    return max(1, total // (HEAVY_MEMORY_SLOT_GIB * 2**30))
+
+
+def heavy_memory_slot_path(slot: int) -> str:
+    """The lock file of one ``heavy_memory`` slot (per user, as the big_memory lock)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"liger_portable_heavy_memory_test.{os.getuid()}.{slot}.lock")
+
+
+def _take_heavy_memory_slot():
+    """An open lock file of a free heavy_memory slot, locked exclusively; waits until one is free."""
+    import fcntl
+    import time
+
+    slots = heavy_memory_slots()
+    while True:
+        for slot in range(slots):
+            fd = os.open(heavy_memory_slot_path(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            f = os.fdopen(fd, "r+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return f
+            except BlockingIOError:
+                f.close()
+        time.sleep(0.05)
+
+
+def _free_device_memory():
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture(autouse=True)
 def _one_big_memory_test_at_a_time(request):
     """Tests marked ``big_memory`` (tens of GiB of device memory: more than 2**31 elements) run alone
     on the device: they take an exclusive lock on a lock file, every other ``gpu`` test a shared
     one. Each GPU test hands the memory its worker's caching allocator keeps back to the device when
     it ends, so a big test that gets the lock finds the device free. With ``pytest -n 8`` on one
-    H200, the 2**31-element tests ran out of memory while six float64 FLCE references were cached."""
+    H200, the 2**31-element tests ran out of memory while six float64 FLCE references were cached.
+    Tests marked ``heavy_memory`` (float64 references of 15-25 GiB) also take one of
+    ``heavy_memory_slots()`` slots: with 8 workers on an 80 GiB card, three ran out of memory while
+    several such references were held at once."""
     big = request.node.get_closest_marker("big_memory") is not None
-    if not big and request.node.get_closest_marker("gpu") is None:
+    heavy = request.node.get_closest_marker("heavy_memory") is not None
+    if not big and not heavy and request.node.get_closest_marker("gpu") is None:
         yield
         return
     import fcntl
-    import gc
 
     fd = os.open(big_memory_lock_path(), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if big else fcntl.LOCK_SH)
+        slot = _take_heavy_memory_slot() if heavy and not big else None
         try:
             yield
         finally:
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
+            _free_device_memory()
+            if slot is not None:
+                slot.close()  # closing the file releases its lock
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 

@@ -384,10 +384,12 @@ def _gpu():
 
 # (BT, H, V): the shapes at reduced token counts; odd V; Gemma's vocabulary.
 GPU_SHAPES = [(1, 64, 37), (333, 256, 1000), (1024, 4096, 128256), (512, 2304, 256000), (257, 512, 32001)]
+HEAVY = pytest.mark.heavy_memory  # float64 weight, its gradient and the logits: 15-25 GiB
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [pytest.param(s, marks=HEAVY) if s[1] * s[2] > 2**28 else s for s in GPU_SHAPES],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids["dtype"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_kernel_gpu(poison, shape, dtype, reduction):
