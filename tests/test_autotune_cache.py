@@ -272,6 +272,23 @@ def test_kernel_version_covers_the_sibling_modules_it_imports(tmp_path, monkeypa
     assert specs.source_hash("ops/a.py") != before
 
 
+def test_flce_chunk_sizing_outside_ops_is_pinned():
+    """The fused linear cross-entropy sizes its token chunks with ``fallback.cross_entropy.chunk_rows``,
+    which its kernel version does not hash (only ``ops/`` siblings are followed): a tuned
+    ``CHUNK_TOKENS`` means what it measured only while that function is unchanged. Its text is
+    pinned here; whoever changes it must also change the FLCE version (any edit of
+    ops/fused_linear_cross_entropy.py outside its autograd section) and re-warm the shipped files."""
+    import hashlib
+    import inspect
+
+    from liger_portable.fallback.cross_entropy import chunk_rows
+
+    assert hashlib.sha256(inspect.getsource(chunk_rows).encode()).hexdigest()[:12] == "9091fd5c90aa", (
+        "chunk_rows changed: bump the fused linear cross-entropy's kernel version and re-warm "
+        "autotune_cache/ (see this test's docstring), then update the pinned hash"
+    )
+
+
 def test_kernel_version_leaves_out_the_autograd_sections():
     """Editing a family's autograd section (how a launch is reached) keeps its tuned entries; an
     edit anywhere else (kernels, launch plans, specs and examples) does not."""
