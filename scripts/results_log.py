@@ -292,8 +292,8 @@ METRICS = {  # metric: what it means (the order of the sections in RESULTS.md)
     "fwd_bwd_graph_ms": "Forward + backward, the whole step captured in one CUDA graph and replayed (GPU time, "
                         "without the host's launch cost), median ms. In brackets: % of the copy bandwidth "
                         "(memory-bound ops) or of the bf16 matmul rate (fused linear cross-entropy) measured "
-                        "in the same run; then the peak memory beyond the inputs (for the fused linear "
-                        "cross-entropy also beyond the gradients a training step holds anyway).",
+                        "in the same run; then the peak memory beyond the inputs, from no gradients (the "
+                        "gradients the step makes are counted).",
     "fwd_bwd_eager_ms": "The same step called from Python, median ms. Small steps are host-bound on a slow host "
                         "(a Triton launch costs more host time than an aten one), so these move between runs; "
                         "peers that cannot be captured in a CUDA graph appear only here.",
@@ -355,6 +355,24 @@ def _num(v: float) -> str:
     return short if "e" not in short and len(short) < len(s) else s
 
 
+# Peak memory of a forward + backward measured before the benchmarks cleared the gradients of the
+# last step first (records without ``peak_from``): the gradients the step allocates may be missing.
+OLD_PEAK = "\u2021"
+OLD_PEAK_NOTE = (f"{OLD_PEAK}: peak memory taken beside the last step's gradients (records before 2026-12-06 "
+                 "that do not say `peak_from`): the step's own gradients may be missing from the figure.")
+
+
+def _row_label(r: dict) -> str:
+    """A table row's label: the shape, the dtype where it is not bf16, and the method where it is not
+    the op's benchmark's (eager figures of bench_host_overhead.py: back-to-back calls, no cache flush)."""
+    label = _shape_str(r["shape"])
+    if r.get("dtype") not in (None, "bfloat16"):
+        label += f" {r['dtype']}"
+    if r["metric"] == "fwd_bwd_eager_ms" and "rounds" in r:
+        label += " (back-to-back calls)"
+    return label
+
+
 def _cell(r: dict, memory: bool = True) -> str:
     s = _num(r["value"])
     for key in ("pct_copy", "pct_matmul"):
@@ -365,7 +383,8 @@ def _cell(r: dict, memory: bool = True) -> str:
     if "vs_hf" in r and r["impl"] != "hugging-face":
         s += f" x{r['vs_hf']:.2f}"
     if "peak_mib" in r and memory:
-        s += f", {r['peak_mib']:,.0f} MiB"
+        old = r["metric"].startswith("fwd_bwd_") and "peak_from" not in r
+        s += f", {r['peak_mib']:,.0f} MiB{OLD_PEAK if old else ''}"
     if "peak_gib" in r and memory:
         s += f", {r['peak_gib']:.1f} GiB"
     return s
@@ -381,7 +400,7 @@ def latest(records: list[dict]) -> dict:
     """(device, op, shape, impl, metric) -> the latest record: latest date; on the same date, the later line."""
     out = {}
     for r in records:
-        k = (r["device"], r["op"], _shape_str(r["shape"]), r["impl"], r["metric"])
+        k = (r["device"], r["op"], _row_label(r), r["impl"], r["metric"])
         if k not in out or r["date"] >= out[k]["date"]:
             out[k] = r
     return out
@@ -421,7 +440,8 @@ def summary_text(records: list[dict]) -> str:
         return envs[_env_str(r["device"], r["versions"])]
 
     lines += [f"Generated from [`log.jsonl`](log.jsonl), {len(records)} records from {dates[0]} to {dates[-1]}: "
-              "the latest figure for each device, op, shape, implementation and metric (latest date; on the same "
+              "the latest figure for each device, op, shape (with the dtype where it is not bf16, and the method where "
+              "it is not the op's benchmark's), implementation and metric (latest date; on the same "
               "date, the later line of the log). The log keeps every earlier figure. Add records with "
               "`python scripts/results_log.py add FILE.jsonl`; regenerate this file with "
               "`python scripts/results_log.py summary`.", "",
@@ -449,8 +469,8 @@ def summary_text(records: list[dict]) -> str:
             if len(impls) == 1:
                 single += mine
                 continue
-            rows = sorted({(_shape_str(r["shape"]), r["device"]) for r in mine}, key=lambda t: (_natural(t[0]), t[1]))
-            by = {(_shape_str(r["shape"]), r["device"], r["impl"]): r for r in mine}
+            rows = sorted({(_row_label(r), r["device"]) for r in mine}, key=lambda t: (_natural(t[0]), t[1]))
+            by = {(_row_label(r), r["device"], r["impl"]): r for r in mine}
             lines += ["", f"### {op}", "", "| shape | " + " | ".join(impls) + " | date | env |",
                       "|" + "---|" * (len(impls) + 3)]
             notes = []  # (shape, impl, note)
@@ -463,14 +483,16 @@ def summary_text(records: list[dict]) -> str:
                 lines.append(f"| {shape} | " + " | ".join(_cell(r, memory) if r else "" for r in row)
                              + f" | {date} | {', '.join(es)} |")
                 notes += [(shape, r["impl"], r["note"]) for r in present if r.get("note")]
-            lines += _notes(notes, [(_shape_str(r["shape"]), r["impl"]) for r in mine])
+            lines += _notes(notes, [(_row_label(r), r["impl"]) for r in mine])
         if single:
-            single.sort(key=lambda r: (_order(r["op"], _OPS), r["op"], _natural(_shape_str(r["shape"])), r["device"]))
+            single.sort(key=lambda r: (_order(r["op"], _OPS), r["op"], _natural(_row_label(r)), r["device"]))
             lines += ["", "| op | shape | impl | value | date | env |", "|---|---|---|---|---|---|"]
-            lines += [f"| {r['op']} | {_shape_str(r['shape'])} | {r['impl']} | "
+            lines += [f"| {r['op']} | {_row_label(r)} | {r['impl']} | "
                       f"{_cell(r, shows_memory(r['op']))} | {r['date']} | "
                       f"{env(r)} |" for r in single]
             lines += _notes([(r["op"], _shape_str(r["shape"]), r["note"]) for r in single if r.get("note")], [])
+    if OLD_PEAK in "\n".join(lines):
+        lines += ["", OLD_PEAK_NOTE]
     if probes:
         probes.sort(key=lambda r: (_order(r["metric"], list(METRICS)), _order(r["op"], _OPS), r["op"],
                                    _natural(_shape_str(r["shape"])), r["impl"], r["device"]))

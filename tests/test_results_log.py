@@ -77,6 +77,28 @@ def test_summary_shows_the_latest_figure(tmp_path):
     assert rl.summary(log, out) == text  # idempotent
 
 
+def test_summary_keeps_dtypes_methods_and_memory_conventions_apart(tmp_path):
+    """A float32 figure, or an eager figure of bench_host_overhead.py (back-to-back calls: its records
+    carry ``rounds``), gets its own row instead of replacing the op benchmark's bf16 figure; a peak
+    memory taken before the benchmarks cleared the gradients (no ``peak_from``) is marked."""
+    log, out = tmp_path / "log.jsonl", tmp_path / "RESULTS.md"
+    eager = dict(metric="fwd_bwd_eager_ms", dtype="bfloat16")
+    rl.append([rl.record("rms_norm", "16384x4096", "liger-portable", value=0.30, env=ENV, **eager),
+               rl.record("rms_norm", "16384x4096", "liger-kernel", value=0.40, env=ENV, **eager),
+               rl.record("rms_norm", "16384x4096", "liger-portable", value=0.31, env=ENV, rounds=9, **eager),
+               rl.record("rms_norm", "16384x4096", "liger-portable", value=0.50, env=ENV,
+                         metric="fwd_bwd_eager_ms", dtype="float32"),
+               rec(0.18, peak_mib=100.0), rec(0.25, impl="liger-kernel", peak_mib=300.0, peak_from="no gradients")], log)
+    text = rl.summary(log, out)
+    rows = [line for line in text.splitlines() if line.startswith("| 16384x4096")]
+    assert any(r.startswith("| 16384x4096 | 0.3 | 0.4 |") for r in rows), rows
+    assert any(r.startswith("| 16384x4096 (back-to-back calls) | 0.31 |") for r in rows), rows
+    assert any(r.startswith("| 16384x4096 float32 | 0.5 |") for r in rows), rows
+    graph = next(r for r in rows if "0.18," in r)
+    assert f"100 MiB{rl.OLD_PEAK}" in graph and "300 MiB |" in graph
+    assert rl.OLD_PEAK_NOTE in text
+
+
 def test_summary_puts_probes_after_the_headline_tables(tmp_path):
     log, out = tmp_path / "log.jsonl", tmp_path / "RESULTS.md"
     rl.append([rec(0.182), rec(0.25, impl="liger-kernel"), rec(0.31, impl="liger-portable (old launch)", note="A/B"),
