@@ -69,6 +69,7 @@ def ours_unfused(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[tor
 
 
 def peers() -> dict:
+    torch.compiler.reset()  # a fresh compile per shape: no automatic dynamic shapes, no recompile limit
     fns = {
         "eager (HF)": hf_add_rms_norm,
         "torch.compile": torch.compile(hf_add_rms_norm, dynamic=False),

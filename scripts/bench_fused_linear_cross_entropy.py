@@ -69,6 +69,7 @@ def torch_flce(h, w, t):
 
 
 def peers(chunk_mibs: tuple[int, ...] = ()) -> dict:
+    torch.compiler.reset()  # a fresh compile per shape: no automatic dynamic shapes, no recompile limit
     fns = {
         "eager": torch_flce,
         "torch.compile": torch.compile(torch_flce, dynamic=False),
@@ -128,10 +129,7 @@ def bench_compare(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float, s
         err = max(((a - b).norm() / b.norm()).item() for a, b in zip(out, ref))
         del out
         try:
-            # Memory first, from no gradients: a step that replaced the last step's gradients (freed
-            # at its start) would count only what it holds beyond them.
-            h.grad = w.grad = None
-            mem = peak_extra_mib(step)
+            mem = peak_extra_mib(step, (h, w))  # first: from no gradients
             ms = median_ms(step, warmup_ms=100, rep_ms=500)
             gms = graph_ms(step)
         except torch.OutOfMemoryError as e:  # e.g. eager's logits at the largest shapes: skip the peer

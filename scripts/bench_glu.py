@@ -68,11 +68,12 @@ def eager_geglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def peers(op: str) -> dict:
     """name -> (fn(a, b) -> c, writes the gradients over a and b)."""
+    torch.compiler.reset()  # a fresh compile per shape: no automatic dynamic shapes, no recompile limit
     eager = eager_swiglu if op == "swiglu" else eager_geglu
     ours = F.swiglu if op == "swiglu" else F.geglu
     fns = {
         "eager": (eager, False),
-        "torch.compile": (torch.compile(eager), False),
+        "torch.compile": (torch.compile(eager, dynamic=False), False),
     }
     try:
         if op == "swiglu":
@@ -116,9 +117,7 @@ def bench_compare(op: str, rows: int, n: int, dtype: torch.dtype, ceiling_gbs: f
         del out
         gms = graph_ms(step)
         ms = median_ms(step)
-        a.grad = None
-        b.grad = None
-        mem = peak_extra_mib(step)
+        mem = peak_extra_mib(step, (a, b))
         r = {
             "op": op, "impl": name, "rows": rows, "n": n, "inplace_backward": inplace,
             "ms": ms, "graph_ms": gms, "peak_extra_mib": mem,

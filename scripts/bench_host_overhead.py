@@ -233,28 +233,35 @@ def _glu(act: str):
 
 
 def _rope(rows: int, hidden: int, dev):
-    # rows = sequence length; 32 q heads, 8 k heads, head_dim 128, batch 1 (Llama-3-8B).
-    q = torch.randn(1, 32, rows, 128, device=dev, dtype=DT, requires_grad=True)
-    k = torch.randn(1, 8, rows, 128, device=dev, dtype=DT, requires_grad=True)
+    # rows = sequence length; 32 q heads, 8 k heads, head_dim 128, batch 1 (Llama-3-8B). q and k in
+    # Hugging Face's layout, views (batch, heads, seq, head_dim) of the projections' (batch, seq,
+    # heads * head_dim) outputs, as every peer gets them in a model (liger-kernel copies any other).
+    q_lin = torch.randn(1, rows, 32 * 128, device=dev, dtype=DT, requires_grad=True)
+    k_lin = torch.randn(1, rows, 8 * 128, device=dev, dtype=DT, requires_grad=True)
     cos, sin = torch.randn(2, 1, rows, 128, device=dev, dtype=DT).unbind(0)
-    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    dq = torch.randn(1, rows, 32, 128, device=dev, dtype=DT).transpose(1, 2)
+    dk = torch.randn(1, rows, 8, 128, device=dev, dtype=DT).transpose(1, 2)
+
+    def heads():
+        return q_lin.view(1, rows, 32, 128).transpose(1, 2), k_lin.view(1, rows, 8, 128).transpose(1, 2)
 
     def rot(t):
         t1, t2 = t.chunk(2, dim=-1)
         return torch.cat((-t2, t1), dim=-1)
 
     def eager():
+        q, k = heads()
         oq, ok = q * cos + rot(q) * sin, k * cos + rot(k) * sin
         torch.autograd.backward((oq, ok), (dq, dk))
 
     def ours():
-        torch.autograd.backward(F.rope(q, k, cos, sin), (dq, dk))
+        torch.autograd.backward(F.rope(*heads(), cos, sin), (dq, dk))
 
     impls = {"eager": eager, "liger-portable": ours}
     fn = _liger("liger_kernel.ops.rope", "LigerRopeFunction")
-    if fn is not None:
-        impls["liger-kernel"] = lambda: torch.autograd.backward(fn.apply(q, k, cos, sin), (dq, dk))
-    return (q, k), impls
+    if fn is not None:  # rotates dq and dk in place: they stay unit rotations of random values
+        impls["liger-kernel"] = lambda: torch.autograd.backward(fn.apply(*heads(), cos, sin), (dq, dk))
+    return (q_lin, k_lin), impls
 
 
 def _cross_entropy(rows: int, vocab: int, dev):
@@ -429,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def keep(op, shape, impl, metric, values):
         med = statistics.median(values)
-        records.append(record(op, shape, impl, metric, med, spread=[min(values), max(values)],
-                              rounds=len(values), dtype="bfloat16"))
+        spread = {"spread": [min(values), max(values)]} if len(values) > 1 else {}
+        records.append(record(op, shape, impl, metric, med, **spread, rounds=len(values), dtype="bfloat16"))
         return med
 
     for op in args.ops.split(","):

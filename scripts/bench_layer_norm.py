@@ -38,9 +38,10 @@ def torch_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch
 
 
 def peers() -> dict:
+    torch.compiler.reset()  # a fresh compile per shape: no automatic dynamic shapes, no recompile limit
     fns = {
         "torch eager": torch_layer_norm,
-        "torch.compile": torch.compile(torch_layer_norm),
+        "torch.compile": torch.compile(torch_layer_norm, dynamic=False),
         "liger-portable": lambda x, w, b: F.layer_norm(x, w, b, EPS),
     }
     try:
@@ -78,7 +79,7 @@ def bench_compare(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float
             ref = out
         err = max(((a - r).norm() / r.norm()).item() for a, r in zip(out, ref))
         ms = median_ms(step)
-        mem = peak_extra_mib(step)
+        mem = peak_extra_mib(step, (x, w, b))
         results.append(
             {
                 "impl": name, "hidden": hidden, "rows": rows, "ms": ms, "graph_ms": gms, "peak_extra_mib": mem,

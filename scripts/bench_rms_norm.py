@@ -37,6 +37,7 @@ def hf_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def peers(hidden: int, dtype: torch.dtype) -> dict:
+    torch.compiler.reset()  # a fresh compile per shape: no automatic dynamic shapes, no recompile limit
     fns = {
         "eager (HF)": hf_rms_norm,
         "torch.compile": torch.compile(hf_rms_norm, dynamic=False),
@@ -75,7 +76,7 @@ def bench_compare(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float
             ref = out
         err = max(((a - b).norm() / b.norm()).item() for a, b in zip(out, ref))
         ms = median_ms(step)
-        mem = peak_extra_mib(step)
+        mem = peak_extra_mib(step, (x, w))
         results.append(
             {
                 "impl": name, "hidden": hidden, "rows": rows, "ms": ms, "graph_ms": gms, "peak_extra_mib": mem,
@@ -166,7 +167,7 @@ def main() -> None:
         ["shape", "impl", "eager median ms", "graph-replay ms", "GB/s (graph)", "% of copy (graph)", "peak extra MiB"],
         [[f"{r['rows']}x{r['hidden']}", r["impl"], f"{r['ms']:.3f}", f"{r['graph_ms']:.3f}",
           f"{nb / r['graph_ms'] / 1e6:.0f}", f"{100 * nb / r['graph_ms'] / 1e6 / ceiling:.0f}",
-          f"{r['peak_extra_mib']:.0f}"] for r in rows for nb in [5 * r['rows'] * r['hidden'] * 2]],
+          f"{r['peak_extra_mib']:.0f}"] for r in rows for nb in [5 * r['rows'] * r['hidden'] * dtype.itemsize]],
     )
     print(table)
 

@@ -66,6 +66,7 @@ def hf_apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
 
 def peers() -> dict:
+    torch.compiler.reset()  # a fresh compile per shape: no automatic dynamic shapes, no recompile limit
     fns = {
         "eager (HF)": hf_apply_rotary_pos_emb,
         "torch.compile": torch.compile(hf_apply_rotary_pos_emb, dynamic=False),
@@ -132,7 +133,7 @@ def bench_compare(name: str, shape: tuple, dtype: torch.dtype, ceiling_gbs: floa
         err = max(((x - y).norm() / y.norm()).item() for x, y in zip(out, ref))
         gms = graph_ms(step)
         ms = median_ms(step)
-        mem = peak_extra_mib(step)
+        mem = peak_extra_mib(step, (q_lin, k_lin))
         results.append(
             {
                 "shape": name, "batch": b, "q_heads": hq, "k_heads": hk, "seq": s, "head_dim": d,

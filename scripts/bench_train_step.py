@@ -235,15 +235,18 @@ def worker(args: argparse.Namespace) -> dict:
             if args.compile == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
             res = model(input_ids=ids, labels=ids, use_cache=False)  # training: no KV cache
-            res.loss.backward()
+            # Only the loss lives on, as in a trainer: HF's bf16 logits, which the backward does
+            # not need (the loss upcasts its own copy), are freed before it.
+            loss, out["logits_materialised"] = res.loss, res.logits is not None
+            del res
+            loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             if mem is not None:
                 mem.synchronize()
             step_s.append(time.perf_counter() - t0)
-            losses.append(res.loss.item())
-            out["logits_materialised"] = res.logits is not None
-            del res
+            losses.append(loss.item())
+            del loss
             print(f"  {variant:<15} step {step + 1:>3}/{total}  loss {losses[-1]:.4f}  {1e3 * step_s[-1]:8.1f} ms",
                   flush=True)
     except Exception as e:  # noqa: BLE001 - out of memory, a kernel that fails on this device: report it

@@ -13,7 +13,7 @@ the file back and ``python scripts/results_log.py add`` it), else to ``scripts/r
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -55,8 +55,15 @@ def graph_ms(step) -> float:
     return median_ms(g.replay)
 
 
-def peak_extra_mib(fn: Callable[[], object]) -> float:
-    """Peak device memory allocated while ``fn`` runs, above what was allocated before, in MiB."""
+def peak_extra_mib(fn: Callable[[], object], leaves: Sequence[torch.Tensor] = ()) -> float:
+    """Peak device memory allocated while ``fn`` runs, above what was allocated before, in MiB.
+
+    ``leaves``: the tensors whose ``.grad`` a step replaces. Their gradients are dropped before the
+    baseline is taken, so the gradients the step allocates count for every implementation alike (a
+    step that frees the last step's gradients at its start would otherwise show only what it holds
+    beyond them: nothing, for an out-of-place cross-entropy's 2 GiB gradient)."""
+    for t in leaves:
+        t.grad = None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -114,8 +121,11 @@ def timing_records(op: str, shape, impl: str, ms: float, graph_ms: float = math.
     """The records of one forward+backward timing: ``fwd_bwd_graph_ms`` (when the step could be
     captured in a CUDA graph) and ``fwd_bwd_eager_ms``. ``pct`` is the eager time's share of the
     ceiling in percent (``pct_key``: "pct_copy" or "pct_matmul"); the graph replay's is scaled by the
-    ratio of the times. The eager record carries ``extra["note"]`` only when there is no graph record."""
+    ratio of the times. The eager record carries ``extra["note"]`` only when there is no graph record.
+    ``peak_mib`` is :func:`peak_extra_mib`'s, from no gradients (the records say so: ``peak_from``)."""
     out = []
+    if peak_mib is not None:
+        extra = {**extra, "peak_from": "no gradients"}
     r1 = (lambda v: None if v is None else round(v, 1))
     graph = graph_ms is not None and math.isfinite(graph_ms)
     if pct is not None and not math.isfinite(pct):
