@@ -27,11 +27,19 @@ def is_integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _as_float(value: numbers.Real) -> float:
+    """``float(value)``, or inf for an int too large for a float (10**400): out of range either way."""
+    try:
+        return float(value)
+    except OverflowError:
+        return float("inf")
+
+
 def check_real(name: str, value: object, what: str = "a number") -> float:
     """``value`` as a finite Python float within float32's range, or a ValueError naming ``name``."""
     if type(value) is float and value == value and -_FP32_MAX <= value <= _FP32_MAX:
         return value  # the usual case, without the abstract-class isinstance of is_real
-    if not is_real(value) or not _finite32(float(value)):
+    if not is_real(value) or not _finite32(_as_float(value)):
         raise ValueError(f"{name} must be {what} (finite, within float32's range), got {value!r}")
     return float(value)
 
@@ -69,13 +77,15 @@ def check_ce_options(ignore_index, reduction, label_smoothing, lse_square_scale,
     """Checks shared by the cross-entropy entry points; returns the options as Python numbers."""
     if not is_integer(ignore_index):
         raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    if not -(2**63) <= ignore_index < 2**63:
+        raise ValueError(f"ignore_index must fit in int64 (the targets' dtype), got {ignore_index!r}")
     check_choice("reduction", reduction, REDUCTIONS)
     if not is_real(label_smoothing) or not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
     lse_square_scale = check_nonneg_number("lse_square_scale", lse_square_scale)
     if softcap is not None:
         # inf (or a value past float32's range) would make every logit 0 * inf: a NaN loss
-        if not is_real(softcap) or not _finite32(float(softcap)) or not softcap > 0:
+        if not is_real(softcap) or not _finite32(_as_float(softcap)) or not softcap > 0:
             raise ValueError(
                 f"softcap must be a positive number (finite and within float32's range; Gemma-2 uses 30.0) "
                 f"or None for no cap, got {softcap!r}"

@@ -682,6 +682,18 @@ def fused_linear_cross_entropy(
         return_z_loss, chunk_mib,
     )
     dev = _kernel_device(_flce_ops, device, hidden)
+    if dev is not None and hidden.dtype == torch.float16 and not _flce_ops.half_grads_fit(
+        lse_square_scale, softcap, weight.shape[0]
+    ):
+        import warnings
+
+        warnings.warn(
+            f"fused_linear_cross_entropy: float16 with lse_square_scale={lse_square_scale} could overflow the "
+            "kernels' float16 logit gradients; running the PyTorch fallback (slower, exact). bfloat16 inputs, "
+            "a softcap or lse_square_scale <= 1e-4 keep the kernels.",
+            stacklevel=2,
+        )
+        dev = None
     if dev is None:
         return fallback.fused_linear_cross_entropy(
             hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale,

@@ -9,6 +9,8 @@ tests/test_cross_entropy.py), autograd for every gradient.
 from __future__ import annotations
 
 import importlib
+import math
+import warnings
 
 import pytest
 import torch
@@ -265,6 +267,47 @@ def test_kernel_interpreter_fp16_small_gradients(simulated_device, poison, reduc
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("zloss", [0.1, 1e-4])
+def test_kernel_interpreter_fp16_large_zloss(simulated_device, poison, launches, reduction, zloss):
+    """fp16 with a z-loss large enough that a row's logit gradient, 1 + 2 * lse_square_scale * lse,
+    times the kernels' fp16 gradient scale would overflow (lse 100 here: 21): such options run the
+    fallback, with a warning, and the gradients are finite and right (the kernels gave inf and NaN).
+    PaLM's 1e-4 keeps the kernels."""
+    if simulated_device.arch != "sm90":
+        pytest.skip("dtype logic, not a config: one table is enough")
+    dtype = torch.float16
+    g = torch.Generator().manual_seed(0)
+    h = torch.cat([torch.tensor([[100.0, 0.0]]), torch.randn(5, 2, generator=g)]).to(dtype)
+    w = torch.cat([torch.eye(2), torch.randn(7, 2, generator=g)]).to(dtype)
+    t = torch.tensor([1, 0, 3, 8, -100, 2])
+    go = torch.tensor(1.3) if reduction == "mean" else torch.randn(6, generator=g)
+    ref = flce_reference(h, w, None, t, reduction=reduction, opts=(0.0, zloss, None), grad_out=go)
+    hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (F.fused_linear_cross_entropy(hl, wl, t, reduction=reduction, lse_square_scale=zloss) * go).sum().backward()
+    fell_back = zloss == 0.1
+    assert any("lse_square_scale=0.1" in str(c.message) for c in caught) == fell_back
+    assert bool(launches) != fell_back
+    for name, out, r in (("dhidden", hl.grad, ref[2]), ("dweight", wl.grad, ref[3])):
+        assert torch.isfinite(out).all(), name
+        assert rel_err(out, r) <= TOL[dtype], (name, rel_err(out, r))
+
+
+def test_half_grads_fit_bound():
+    """The largest z-loss the fp16 kernels take: 1e-4 at V 128256 without a softcap; with a softcap
+    of 30, up to 0.1."""
+    fits = fl_ops.half_grads_fit
+    assert fits(0.0, None, 128256) and fits(1e-4, None, 128256) and fits(0.1, 30.0, 128256)
+    assert not fits(1.2e-4, None, 128256) and not fits(0.1, None, 2) and not fits(0.2, 30.0, 128256)
+    # at the bound: 4096 * (1 + 2 * s * lse) is fp16's largest value
+    lse = 30.0 + math.log(128256)
+    s = (65504.0 / 4096 - 1) / (2 * lse)
+    assert fits(s * (1 - 1e-9), 30.0, 128256) and not fits(s * (1 + 1e-9), 30.0, 128256)
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("reduction", ["sum", "none"])
 def test_kernel_interpreter_chunk_mib(simulated_device, poison, small_chunks, monkeypatch, reduction):
     """``chunk_mib`` overrides the default chunk, forward and (``none``) the recomputing
@@ -499,6 +542,27 @@ def test_hidden_size_0_and_non_finite_options_are_argument_errors():
             F.cross_entropy(h @ w.t(), t, softcap=bad)
     with pytest.raises(ValueError, match=r"^lse_square_scale must be a non-negative number"):
         F.fused_linear_cross_entropy(h, w, t, lse_square_scale=float("inf"))
+
+
+def test_integers_past_float_and_int64_are_argument_errors():
+    """Python ints too large for a float (10**400), or an ignore_index outside int64, are errors naming
+    the argument (they were OverflowErrors from deep inside: "int too large to convert to float")."""
+    h, w, b, t = _inputs(4, 8, 10, torch.float32)
+    x = h @ w.t()
+    with pytest.raises(ValueError, match=r"^softcap must be a positive number \(finite"):
+        F.fused_linear_cross_entropy(h, w, t, softcap=10**400)
+    with pytest.raises(ValueError, match=r"^lse_square_scale must be a non-negative number \(finite"):
+        F.cross_entropy(x, t, lse_square_scale=10**400)
+    with pytest.raises(ValueError, match=r"^eps must be a non-negative number \(finite"):
+        F.rms_norm(h, w[0], 10**400)
+    with pytest.raises(ValueError, match=r"^offset must be a number \(finite"):
+        F.rms_norm(h, w[0], offset=-(10**400))
+    for bad in (2**63, -(2**63) - 1, 2**70):
+        with pytest.raises(ValueError, match=r"^ignore_index must fit in int64 \(the targets' dtype\)"):
+            F.cross_entropy(x, t, ignore_index=bad)
+        with pytest.raises(ValueError, match=r"^ignore_index must fit in int64"):
+            F.fused_linear_cross_entropy(h, w, t, ignore_index=bad)
+    assert torch.isfinite(F.cross_entropy(x, t, ignore_index=2**63 - 1))  # int64's largest: fine
 
 
 def test_numpy_scalars_are_numbers():

@@ -312,6 +312,23 @@ def _reduce(loss_rows, z_rows, reduction, target, ignore_index, dtype):
 
 from .._autograd import first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
 
+_FP16_MAX = 65504.0
+
+
+def half_grads_fit(lse_square_scale: float, softcap: float | None, n_classes: int) -> bool:
+    """Whether float16 logit gradients, written ``_HALF_GRAD_SCALE`` times too large, cannot overflow
+    with these options: a row's gradient is at most ``1 + 2 * lse_square_scale * |lse|`` in size, and
+    ``|lse|`` at most the largest float16 logit (or ``softcap``) plus ``log(n_classes)``. True for
+    every ``lse_square_scale`` up to about 1.1e-4 (PaLM's z-loss is 1e-4); the caller runs larger
+    ones in float16 on the fallback."""
+    import math
+
+    if lse_square_scale == 0.0:
+        return True
+    lse = (_FP16_MAX if softcap is None else min(softcap, _FP16_MAX)) + math.log(n_classes)
+    return _HALF_GRAD_SCALE * (1.0 + 2.0 * abs(lse_square_scale) * lse) <= _FP16_MAX
+
+
 @torch.library.custom_op("liger_portable::fused_linear_cross_entropy", mutates_args=())
 def flce_op(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
