@@ -20,7 +20,7 @@ import argparse
 import torch
 
 from benchlib import (
-    graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
+    fastest_first, graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
     timing_records,
 )
 
@@ -109,7 +109,7 @@ def sweep(rows: int, V: int, dtype: torch.dtype, ceiling_gbs: float) -> dict:
             print(f"    {cfg}: {type(e).__name__}")
             continue
         timed.append((ms, cfg))
-    timed.sort(key=lambda p: p[0])
+    timed = fastest_first(timed, f"cross_entropy {rows}x{V}")
     default_ms = median_ms(lambda: ops.ce_rows(x, t, grad=gbuf))
     nbytes = 3 * x.numel() * x.element_size()
     print(f"  cross_entropy {rows}x{V}: default {default_ms:.4f} ms ({default.config}) | best {timed[0][0]:.4f} ms "

@@ -33,6 +33,7 @@ import argparse
 import torch
 
 from benchlib import (
+    fastest_first,
     graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, record, save_records,
     sweep_records, timing_records,
 )
@@ -211,7 +212,7 @@ def sweep(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float, kernel
             timed = time_points(kernel, first)
             top = {_without_stages(c) for _, c in sorted(timed, key=lambda t: t[0])[:3]}
             timed += time_points(kernel, [c for c in kept if c not in first and _without_stages(c) in top])
-        timed.sort(key=lambda t: t[0])
+        timed = fastest_first(timed, kernel)
         default_ms = median_ms(launch(kernel))
         nbytes = KERNEL_PASSES[kernel] * x.numel() * x.element_size()
         best_ms, best_cfg = timed[0]

@@ -25,7 +25,7 @@ import argparse
 import torch
 
 from benchlib import (
-    graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
+    fastest_first, graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
     timing_records,
 )
 
@@ -168,7 +168,7 @@ def sweep(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float) -> dict:
             print(f"    {cfg}: {type(e).__name__}")
             continue
         timed.append((ms, mem, cfg))
-    timed.sort(key=lambda p: p[0])
+    timed = fastest_first(timed, f"fused_linear_cross_entropy {BT}x{H}x{V}")
     default_ms = median_ms(lambda: ops.flce_fwd(h, w, t, None, -100, 0.0, 0.0, None, "mean"))
     best = timed[0]
     print(f"  flce {BT}x{H}x{V}: default {default_ms:.2f} ms ({default.config}) | best {best[0]:.2f} ms "

@@ -43,7 +43,7 @@ import time
 import torch
 
 from benchlib import (
-    graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
+    fastest_first, graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
     timing_records,
 )
 
@@ -184,7 +184,7 @@ def sweep(op_kernels: list[str], rows: int, n: int, dtype: torch.dtype, ceiling_
                 print(f"    {kernel} {cfg}: {type(e).__name__}")
                 continue
             timed.append((ms, cfg))
-        timed.sort(key=lambda t: t[0])
+        timed = fastest_first(timed, kernel)
         default_ms = median_ms(launch)
         best_ms, best_cfg = timed[0]
         print(

@@ -18,6 +18,7 @@ import argparse
 import torch
 
 from benchlib import (
+    fastest_first,
     graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, save_records, sweep_records,
     timing_records,
 )
@@ -135,7 +136,7 @@ def sweep(
                 print(f"    {kernel} {cfg}: {type(e).__name__}")
                 continue
             timed.append((ms, cfg))
-        timed.sort(key=lambda t: t[0])
+        timed = fastest_first(timed, kernel)
         default_ms = median_ms(call(kernel))
         nbytes = nbytes_mult * x.numel() * x.element_size()
         best_ms, best_cfg = timed[0]

@@ -16,6 +16,7 @@ import argparse
 import torch
 
 from benchlib import (
+    fastest_first,
     graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, save_records, sweep_records,
     timing_records,
 )
@@ -122,7 +123,7 @@ def sweep(hidden: int, rows: int, dtype: torch.dtype, ceiling_gbs: float, kernel
                 print(f"    {kernel} {cfg}: {type(e).__name__}")
                 continue
             timed.append((ms, cfg))
-        timed.sort(key=lambda t: t[0])
+        timed = fastest_first(timed, kernel)
         default_ms = median_ms(
             (lambda: ops.rms_norm_fwd(x, w, EPS, 0.0, False)) if kernel == "rms_norm_fwd"
             else (lambda: ops.rms_norm_bwd(dy, x, w, rstd, 0.0, False))

@@ -27,6 +27,7 @@ import argparse
 import torch
 
 from benchlib import (
+    fastest_first,
     graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, save_records, sweep_records,
     timing_records,
 )
@@ -177,7 +178,7 @@ def sweep(name: str, shape: tuple, dtype: torch.dtype, ceiling_gbs: float) -> di
             print(f"    rope {cfg}: {type(e).__name__}")
             continue
         timed.append((ms, cfg))
-    timed.sort(key=lambda t: t[0])
+    timed = fastest_first(timed, "rope")
     default_ms = median_ms(run)
     best_ms, best_cfg = timed[0]
     print(

@@ -55,6 +55,14 @@ def graph_ms(step) -> float:
     return median_ms(g.replay)
 
 
+def fastest_first(timed: list[tuple], what: str) -> list[tuple]:
+    """A sweep's ``(ms, ...)`` points, fastest first; a clear error when none ran (every config
+    failed to compile or launch: the errors were printed as they came)."""
+    if not timed:
+        raise SystemExit(f"{what}: no config of the sweep ran (see the errors above)")
+    return sorted(timed, key=lambda p: p[0])
+
+
 def peak_extra_mib(fn: Callable[[], object], leaves: Sequence[torch.Tensor] = ()) -> float:
     """Peak device memory allocated while ``fn`` runs, above what was allocated before, in MiB.
 
