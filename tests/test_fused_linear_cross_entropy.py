@@ -418,6 +418,27 @@ def test_kernel_interpreter_compile_fullgraph(simulated_device, small_chunks):
             assert rel_err(out, r) <= 1e-5, reduction
 
 
+@pytest.mark.interpreter
+@pytest.mark.slow
+def test_kernel_interpreter_inductor_transposed_weight(simulated_device, small_chunks):
+    """Under Inductor, with the LM head's weight a transposed view (a (H, V) parameter used as
+    ``w.t()``): the ops' fake gradients are row-major as the real ones (a fake that kept the
+    weight's strides failed Inductor's stride assertions), and the values match float64."""
+    if simulated_device.arch != "sm90":
+        pytest.skip("one table is enough: the custom-op plumbing is vendor-independent")
+    fn = torch.compile(F.fused_linear_cross_entropy, fullgraph=True, backend="inductor")
+    for reduction in ("mean", "none"):
+        h, w, _, t = _inputs(6, 16, 37, torch.float32, bias=False)
+        go = torch.randn(6) if reduction == "none" else torch.tensor(1.0)
+        ref = flce_reference(h, w, None, t, reduction=reduction, grad_out=go)
+        hl = h.clone().requires_grad_()
+        wt = w.t().contiguous().requires_grad_()  # (H, V)
+        loss = fn(hl, wt.t(), t, reduction=reduction)
+        (loss * go).sum().backward()
+        for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wt.grad.t(), ref[3])):
+            assert rel_err(out, r) <= 1e-5, reduction
+
+
 # --------------------------------------------------------------------------- real GPU
 
 

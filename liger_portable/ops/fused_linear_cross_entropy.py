@@ -329,6 +329,13 @@ def half_grads_fit(lse_square_scale: float, softcap: float | None, n_classes: in
     return _HALF_GRAD_SCALE * (1.0 + 2.0 * abs(lse_square_scale) * lse) <= _FP16_MAX
 
 
+def _dense_like(t: torch.Tensor) -> torch.Tensor:
+    """A fake's gradient of ``t``: row-major, as the launch code allocates them whatever the layout of
+    ``t`` (``empty_like`` keeps a transposed weight's strides, and the compiled graph then asserts
+    strides the real op does not return)."""
+    return t.new_empty(t.shape)
+
+
 @torch.library.custom_op("liger_portable::fused_linear_cross_entropy", mutates_args=())
 def flce_op(
     hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
@@ -356,8 +363,8 @@ def _(hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_sc
     if reduction == "none":
         gh, gw = hidden.new_empty(0), weight.new_empty(0)
     else:
-        gh, gw = torch.empty_like(hidden), torch.empty_like(weight)
-    gb = torch.empty_like(bias) if bias is not None and reduction != "none" else weight.new_empty(0)
+        gh, gw = _dense_like(hidden), _dense_like(weight)
+    gb = _dense_like(bias) if bias is not None and reduction != "none" else weight.new_empty(0)
     return loss, torch.empty_like(loss), gh, gw, gb
 
 
@@ -376,8 +383,8 @@ def flce_backward_op(
 
 @flce_backward_op.register_fake
 def _(dloss, hidden, weight, target, bias, ignore_index, label_smoothing, lse_square_scale, softcap, chunk_mib):
-    gb = torch.empty_like(bias) if bias is not None else weight.new_empty(0)
-    return torch.empty_like(hidden), torch.empty_like(weight), gb
+    gb = _dense_like(bias) if bias is not None else weight.new_empty(0)
+    return _dense_like(hidden), _dense_like(weight), gb
 
 
 class _FLCEFunction(torch.autograd.Function):
