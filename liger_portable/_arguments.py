@@ -6,6 +6,8 @@ command line (:mod:`liger_portable.cli`) parses them before anything heavy is im
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Callable
 
 WARMUP_DESCRIPTION = "Autotune warmup: tune every kernel problem of one training step and write the autotune cache."
 DEMO_DESCRIPTION = "liger-portable demo: train a small Llama-style model with and without liger-portable."
@@ -68,6 +70,28 @@ def demo_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return ap
 
 
+
 def demo_parser() -> argparse.ArgumentParser:
     """The parser of ``liger-portable demo`` on its own (``python -m liger_portable.demo``)."""
     return demo_arguments(argparse.ArgumentParser(prog="liger-portable demo", description=DEMO_DESCRIPTION))
+
+
+def run_reported(run: Callable[[], int]) -> int:
+    """``run()``'s exit status, the package's errors of setting reported as the command line reports
+    them: a platform error (an unknown or absent ``LIGER_PORTABLE_BACKEND``), another bad setting
+    (``LIGER_PORTABLE_UNDER_COMPILE``) or a malformed config table is one line on stderr and status
+    2; Ctrl-C is one line and status 130. Every entry point (``liger-portable``, ``python -m
+    liger_portable.warmup`` / ``.demo``, ``scripts/autotune_warmup.py``) runs through it."""
+    # Imported here: the arguments parse before torch is imported.
+    from ._checks import SettingError
+    from .configs import ConfigError
+    from .hardware import PlatformError
+
+    try:
+        return run()
+    except (PlatformError, ConfigError, SettingError) as e:
+        print(f"liger-portable: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("liger-portable: interrupted", file=sys.stderr)
+        return 130

@@ -43,6 +43,11 @@ def check_real(name: str, value: object, what: str = "a number") -> float:
         raise ValueError(f"{name} must be {what} (finite, within float32's range), got {value!r}")
     return float(value)
 
+class SettingError(ValueError):
+    """An environment variable of the package holds a value it does not take; the message names the
+    variable and its choices (the command line reports it in one line)."""
+
+
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -52,18 +52,30 @@ PRESETS: dict[str, ModelShape] = {
 def from_hf_config(path: str | Path) -> ModelShape:
     """A :class:`ModelShape` from a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Gemma-2 ...).
 
+    A multimodal config's language model (its ``text_config``, e.g. Gemma-3's) is read.
+
     Raises:
-        ValueError: a required field is missing (the message names the file and the field).
+        ValueError: a required field is missing or not a positive integer (the message names the
+            file and the field).
     """
     p = Path(path)
     try:
         cfg = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{p}: cannot read the model config ({e}); pass a Hugging Face config.json or a preset") from None
+    if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{p}: a model config is a JSON object (a Hugging Face config.json), got {type(cfg).__name__}")
     need = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "num_hidden_layers")
     missing = [k for k in need if k not in cfg]
     if missing:
         raise ValueError(f"{p}: missing field(s) {', '.join(missing)}; is this a decoder-only model's config.json?")
+    for key in (*need, "num_key_value_heads", "head_dim"):
+        value = cfg.get(key)
+        if key in need or value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{p}: {key} must be a positive integer, got {value!r}")
     heads = cfg["num_attention_heads"]
     act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
     gemma2 = cfg.get("model_type") in ("gemma2", "gemma3_text")
@@ -88,9 +100,13 @@ def model_shape(name_or_path: str) -> ModelShape:
         return PRESETS[key]
     p = Path(name_or_path)
     if p.is_dir():
+        if not (p / "config.json").exists():
+            raise ValueError(f"{p} has no config.json: pass a model folder holding one, its path, or a preset")
         p = p / "config.json"
     if p.exists():
         return from_hf_config(p)
+    if p.suffix == ".json" or len(p.parts) > 1:
+        raise ValueError(f"no such file: {name_or_path}; pass a Hugging Face config.json, or a preset ({', '.join(PRESETS)})")
     raise ValueError(
         f"unknown model {name_or_path!r}: use a preset ({', '.join(PRESETS)}) or a path to a Hugging Face config.json"
     )

@@ -206,6 +206,13 @@ def clear() -> None:
         _warned.clear()
 
 
+def in_memory_only(device: DeviceInfo) -> bool:
+    """Whether tuned entries of ``device``'s model are kept in memory only (for this process): its
+    user cache file could not be written."""
+    with _state_lock:
+        return bool(_overlay.get(str(user_cache_file(device))))
+
+
 def clear_overlay() -> None:
     with _state_lock:
         _overlay.clear()

@@ -1,8 +1,10 @@
 """The ``liger-portable`` command line.
 
 Arguments are parsed before torch is imported, so ``--help`` and argument errors answer at once;
-an error of the platform (an unknown or absent ``LIGER_PORTABLE_BACKEND``) or of a config table is
-one line on stderr and exit status 2.
+an error of the platform (an unknown or absent ``LIGER_PORTABLE_BACKEND``), of another setting
+(``LIGER_PORTABLE_UNDER_COMPILE``) or of a config table is one line on stderr and exit status 2;
+Ctrl-C is one line and exit status 130 (:func:`liger_portable._arguments.run_reported`, which
+``python -m liger_portable.warmup`` / ``.demo`` and ``scripts/autotune_warmup.py`` run through too).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 import sys
 import warnings
 
-from ._arguments import DEMO_DESCRIPTION, WARMUP_DESCRIPTION, demo_arguments, warmup_arguments
+from ._arguments import DEMO_DESCRIPTION, WARMUP_DESCRIPTION, demo_arguments, run_reported, warmup_arguments
 
 DESCRIPTION = "Fused Triton kernels for LLM training, with launch configs per GPU vendor and model."
 
@@ -41,24 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     # torch and the package are imported from here on. Without NumPy (not a dependency) torch warns
     # at import that it cannot initialise it; nothing here needs it.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    from .configs import ConfigError
-    from .hardware import PlatformError
+    return run_reported(lambda: _run(args))
 
-    try:
-        if args.command == "warmup":
-            from . import warmup
 
-            return warmup.run_command(args)
-        if args.command == "demo":
-            from . import demo
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "warmup":
+        from . import warmup
 
-            return demo.run_command(args)
-        from . import commands
+        return warmup.run_command(args)
+    if args.command == "demo":
+        from . import demo
 
-        return commands.cmd_info(args) if args.command == "info" else commands.cmd_check(args)
-    except (PlatformError, ConfigError) as e:
-        print(f"liger-portable: error: {e}", file=sys.stderr)
-        return 2
+        return demo.run_command(args)
+    from . import commands
+
+    return commands.cmd_info(args) if args.command == "info" else commands.cmd_check(args)
 
 
 if __name__ == "__main__":

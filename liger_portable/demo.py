@@ -25,7 +25,7 @@ import time
 import torch
 
 from ._dispatch import use_kernels
-from ._arguments import DEMO_DTYPES, demo_parser
+from ._arguments import DEMO_DTYPES, demo_parser, run_reported
 from .hardware import PlatformError, platform
 
 # Model and batch per device. A training step must keep the GPU busy for the kernels to show: on an
@@ -59,11 +59,6 @@ LR = 1e-3
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-2}
 COMPARE_STEPS = 10
 HF_MISSING = 'liger-portable demo needs Hugging Face transformers: pip install "liger-portable[hf]"'
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The arguments of ``liger-portable demo`` (declared in :mod:`liger_portable._arguments`, torch-free)."""
-    return demo_parser().parse_args(argv)
 
 
 def pick_device(arg: str | None) -> torch.device:
@@ -134,8 +129,10 @@ def tokens_per_s(step_s: list[float], tokens: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo; returns the exit code (0 ok, 1 the loss curves differ, 2 cannot run)."""
-    return run_command(parse_args(argv))
+    """Run the demo (``liger-portable demo`` with these arguments, default the process's); returns the
+    exit code (0 ok, 1 the loss curves differ, 2 cannot run, 130 interrupted)."""
+    args = demo_parser().parse_args(argv)
+    return run_reported(lambda: run_command(args))
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from . import _dtensor, fallback
 from ._checks import KERNEL_DTYPES, check_ce_options, check_choice, check_chunk_mib, check_float, check_nonneg_number, check_real
 from ._checks import REDUCTIONS  # noqa: F401  (the reductions the losses accept, kept here too)
+from ._checks import SettingError
 from ._dispatch import kernel_device, same_device
 from . import tuning  # noqa: F401  (tunes config misses under LIGER_PORTABLE_AUTOTUNE=1; loads no kernel)
 
@@ -63,10 +64,11 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 # host-bound), at the same memory. The losses keep their kernels: they never build the logits.
 # "kernels" keeps every kernel of ours under torch.compile too. Read per call (tests set it).
 UNDER_COMPILE_CHOICES = ("inductor", "kernels")
-UNDER_COMPILE = os.environ.get("LIGER_PORTABLE_UNDER_COMPILE", "inductor")
+_under_compile = os.environ.get("LIGER_PORTABLE_UNDER_COMPILE", "")
+UNDER_COMPILE = _under_compile.strip().lower() or "inductor"  # empty: unset, as the other variables
 if UNDER_COMPILE not in UNDER_COMPILE_CHOICES:
-    raise ValueError(
-        f"LIGER_PORTABLE_UNDER_COMPILE must be one of {', '.join(UNDER_COMPILE_CHOICES)}, got {UNDER_COMPILE!r}"
+    raise SettingError(
+        f"LIGER_PORTABLE_UNDER_COMPILE must be one of {', '.join(UNDER_COMPILE_CHOICES)}, got {_under_compile!r}"
     )
 
 

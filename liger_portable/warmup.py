@@ -40,7 +40,7 @@ import torch
 from liger_portable import autotune_cache, configs, _warmup, tuning
 from liger_portable.hardware import platform
 from liger_portable.specs import SPECS
-from liger_portable._arguments import WARMUP_DTYPES, warmup_parser
+from liger_portable._arguments import WARMUP_DTYPES, run_reported, warmup_parser
 
 DTYPES = {name: getattr(torch, attr) for name, attr in WARMUP_DTYPES.items()}
 
@@ -57,7 +57,7 @@ def problems_of(args: argparse.Namespace) -> list[_warmup.Problem]:
         for tokens in args.tokens:
             seq = min(args.seq_len, tokens)
             if tokens % seq:
-                raise SystemExit(f"error: --tokens {tokens} is not a multiple of --seq-len {seq}; pick a seq-len dividing it")
+                raise ValueError(f"--tokens {tokens} is not a multiple of --seq-len {seq}; pick a seq-len dividing it")
             out += _warmup.step_problems(model, tokens, seq, DTYPES[dname], loss=args.loss,
                                          fused_add_norm=args.fused_add_norm)
     return _warmup.dedupe(out)
@@ -186,7 +186,7 @@ def _choose(p: _warmup.Problem, dev) -> dict:
 def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     dev = target_device()
     if dev is None:
-        print("error: no GPU: a real warmup times kernels on the device; use --dry-run to list the work", file=sys.stderr)
+        print("liger-portable warmup: error: no GPU: a real warmup times kernels on the device; use --dry-run to list the work", file=sys.stderr)
         return 2
     from liger_portable.tuning import hooks  # late: the dry run needs no kernels
 
@@ -225,11 +225,19 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
             print_table(rows, ["kernel", "problem", "dtype", "config", "ms", "default ms", "gain", "status"])
         for what, why in problems_left.items():
             print(f"not tuned: {what}: {why}", file=sys.stderr)
+    if autotune_cache.in_memory_only(dev):  # the warmup's one product is the cache file
+        print(f"liger-portable warmup: error: the tuned configs could not be written to "
+              f"{autotune_cache.user_cache_file(dev)} and are lost when this process ends; set "
+              f"LIGER_PORTABLE_CACHE_DIR to a writable folder and run it again", file=sys.stderr)
+        return 1
     return 1 if problems_left else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(parse_args(argv))
+    """``liger-portable warmup`` with these arguments (default: the process's), its errors reported
+    as the command line reports them."""
+    args = parse_args(argv)
+    return run_reported(lambda: run_command(args))
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -237,7 +245,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         probs = problems_of(args)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"liger-portable warmup: error: {e}", file=sys.stderr)
         return 2
     return dry_run(args, probs) if args.dry_run else run(args, probs)
 

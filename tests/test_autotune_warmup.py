@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,55 @@ def test_hf_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(ValueError, match="config.json: missing field"):
         _warmup.model_shape(str(tmp_path / "config.json"))
+
+
+@pytest.mark.parametrize("content, message", [
+    ({**{"hidden_size": 64, "intermediate_size": 128, "vocab_size": 300, "num_hidden_layers": 2},
+      "num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
+    ({"hidden_size": "64", "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 300,
+      "num_hidden_layers": 2}, "hidden_size must be a positive integer, got '64'"),
+    ({"hidden_size": -64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 300,
+      "num_hidden_layers": 2}, "hidden_size must be a positive integer, got -64"),
+    ({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 300,
+      "num_hidden_layers": 2, "head_dim": 0}, "head_dim must be a positive integer, got 0"),
+    (5, "a model config is a JSON object"),
+    (None, "a model config is a JSON object"),
+])
+def test_bad_hf_config_values(tmp_path, capsys, content, message):
+    """Values a model cannot have are errors naming the file and field (zero heads was a
+    ZeroDivisionError, a string size a TypeError, a negative one listed n_cols=-64), exit status 2."""
+    from liger_portable import cli
+
+    (tmp_path / "config.json").write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _warmup.model_shape(str(tmp_path))
+    assert cli.main(["warmup", str(tmp_path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("liger-portable warmup: error: ") and message in err and err.count("\n") == 1
+
+
+def test_multimodal_config_reads_its_language_model(tmp_path):
+    cfg = {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "hidden_size": 64,
+           "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "vocab_size": 300, "num_hidden_layers": 2, "hidden_activation": "gelu_pytorch_tanh"}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m = _warmup.model_shape(str(tmp_path))
+    assert (m.hidden, m.glu, m.norms_per_layer, m.vocab) == (64, "geglu", 4, 300)
+
+
+def test_missing_model_paths_say_what_is_missing(tmp_path):
+    with pytest.raises(ValueError, match="has no config.json"):
+        _warmup.model_shape(str(tmp_path))
+    with pytest.raises(ValueError, match="no such file: .*nope/config.json"):
+        _warmup.model_shape(str(tmp_path / "nope" / "config.json"))
+
+
+def test_tokens_not_a_multiple_of_seq_len_is_a_usage_error(capsys):
+    from liger_portable import cli
+
+    assert cli.main(["warmup", "llama-3-8b", "--tokens", "5000", "--seq-len", "4096", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err == "liger-portable warmup: error: --tokens 5000 is not a multiple of --seq-len 4096; pick a seq-len dividing it\n"
 
 
 def test_bad_arguments():
@@ -156,6 +207,42 @@ def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypa
     assert f"[{len(probs)}/{len(probs)}]" in first.err and "elapsed" in first.err and "eta" in first.err
     assert [r["status"] for r in second["results"]] == ["cached"] * len(probs)
     assert len(timed) == n_timed  # the re-run timed nothing
+
+
+@pytest.mark.interpreter
+def test_real_run_that_cannot_save_fails(warmup, tmp_path, monkeypatch, capsys, request):
+    """A warmup whose cache folder cannot be written (here a file stands where it should be) tunes
+    in memory only, and says so with exit status 1: its one product is the cache file (it exited 0
+    with one warning and the tuning was lost at exit)."""
+    from conftest import SIMULATED_DEVICES
+    from liger_portable import autotune_cache, _paths, hardware
+    from liger_portable import warmup as warmup_mod
+    from liger_portable import simulate
+    from liger_portable.tuning import runtime, search, timing
+
+    cfg = {**TINY_LLAMA, "num_hidden_layers": 1}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "cache").write_text("a file, not a folder")
+    monkeypatch.setenv(_paths.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(_paths, "shipped_cache_dir", lambda: shipped)
+    runtime.reset_hooks()
+    request.addfinalizer(runtime.reset_hooks)
+    request.addfinalizer(autotune_cache.clear_overlay)
+    monkeypatch.setattr(search, "candidates", lambda k, d, n, _all=search.candidates: _all(k, d, n)[:1])
+    monkeypatch.setattr(timing, "do_bench_ms", lambda fn: (fn(), 1.0)[1])
+    dev = SIMULATED_DEVICES["cuda-sm90"]
+    monkeypatch.setattr(warmup_mod, "target_device", lambda: dev)
+    hardware.reset()
+    with simulate(dev), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert warmup.main([str(tmp_path), "--tokens", "16", "--seq-len", "16", "--dtype", "fp32"]) == 1
+    assert any("cannot write the autotune cache" in str(w.message) for w in caught)
+    assert autotune_cache.in_memory_only(dev)
+    err = capsys.readouterr().err
+    assert "liger-portable warmup: error: the tuned configs could not be written to" in err
+    assert "LIGER_PORTABLE_CACHE_DIR" in err
 
 
 @pytest.mark.parametrize("args", [["--tokens", "0"], ["--tokens", "-5"], ["--seq-len", "0"], ["--tokens", "many"]])

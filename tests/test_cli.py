@@ -70,6 +70,50 @@ def test_bad_backend_is_one_line_and_status_2(entry, value):
     assert r.stdout == ""
 
 
+def test_bad_under_compile_setting_is_one_line_and_status_2():
+    """A bad LIGER_PORTABLE_UNDER_COMPILE is one error line naming the variable (it was a traceback);
+    an empty value is unset, as for the other variables, and case does not matter."""
+    r = run(["check", "--help"], {"LIGER_PORTABLE_UNDER_COMPILE": "bogus"}, entry=False)
+    assert r.returncode == 0  # help parses before anything is imported
+    r = run(["info"], {"LIGER_PORTABLE_UNDER_COMPILE": "bogus"}, entry=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "liger-portable: error: LIGER_PORTABLE_UNDER_COMPILE must be one of inductor, kernels, got 'bogus'"
+    )
+    code = "from liger_portable import functional as F; print(F.UNDER_COMPILE)"
+    for value, want in (("", "inductor"), (" Kernels ", "kernels")):
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("LIGER_PORTABLE_")},
+               "LIGER_PORTABLE_UNDER_COMPILE": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip() == want, out.stderr
+
+
+@pytest.mark.parametrize("module", ["liger_portable.warmup", "liger_portable.demo", "scripts/autotune_warmup.py"])
+def test_other_entry_points_report_errors_as_the_cli(module):
+    """``python -m liger_portable.warmup`` / ``.demo`` and the warmup script (what the README runs
+    under torchrun) report a platform error in one line with status 2, as ``liger-portable`` does
+    (they printed a traceback)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGER_PORTABLE_")}
+    env["LIGER_PORTABLE_BACKEND"] = "bogus"
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / module)] if module.endswith(".py") else [sys.executable, "-m", module]
+    args = ["llama-3-8b", "--dry-run"] if "warmup" in module else ["--steps", "1"]
+    r = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("liger-portable: error: LIGER_PORTABLE_BACKEND=")
+
+
+def test_interrupt_is_one_line_and_status_130(monkeypatch, capsys):
+    from liger_portable import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "cmd_info", interrupted)
+    assert cli.main(["info"]) == 130
+    assert capsys.readouterr().err == "liger-portable: interrupted\n"
+
+
 def test_warmup_argument_error_is_one_line_and_status_2():
     r = run(["warmup", "llama-3-8b", "--tokens", "0", "--dry-run"])
     assert r.returncode == 2 and "Traceback" not in r.stderr
