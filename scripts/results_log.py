@@ -37,6 +37,10 @@ From the shell::
                                                          # liger-portable check / warmup / demo --json,
                                                          # distributed_check.py --json
 
+Exit status: 0 done; 1 a failure (an input that is not what its kind expects, a file that cannot be
+written, ``summary --check`` finding RESULTS.md out of date); 2 a usage error (a bad argument, a named
+input file that does not exist). Errors are one line: ``results_log.py: error: ...``.
+
 RESULTS.md shows the latest figure (latest date; on the same date, the later line of the log) for
 each op, shape, implementation and metric; the log keeps the history. The headline tables show the
 implementations users compare (ours, its peers, torch); any other implementation (an A/B probe of a change,
@@ -54,7 +58,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 HERE = Path(__file__).resolve().parent
 LOG = HERE / "results" / "log.jsonl"
@@ -175,20 +179,25 @@ def _key(rec: dict) -> str:
     return json.dumps(rec, sort_keys=True, allow_nan=False)
 
 
-def read(path: str | os.PathLike = LOG) -> list[dict]:
-    """The records of a JSONL file, each validated (errors name the file and line)."""
+def read(path: str | os.PathLike = LOG, missing_ok: bool = True) -> list[dict]:
+    """The records of a JSONL file, each validated (errors name the file and line). A file that does
+    not exist holds no records when ``missing_ok`` (a log not started yet), else FileNotFoundError."""
     out = []
     path = Path(path)
-    if not path.exists():
+    if missing_ok and not path.exists():
         return out
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(validate(json.loads(line)))
-            except ValueError as e:
-                raise ValueError(f"{path}:{n}: {e}") from None
+        n = 0
+        try:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(validate(json.loads(line)))
+                except ValueError as e:
+                    raise ValueError(f"{path}:{n}: {e}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}:{n + 1}: not UTF-8 text: a JSONL file of records was expected") from None
     return out
 
 
@@ -213,12 +222,13 @@ def save(records: Iterable[dict], name: str) -> str:
 
 
 def add(sources: Iterable[str | os.PathLike], path: str | os.PathLike = LOG) -> tuple[int, int]:
-    """Append the records of ``sources`` to ``path``, skipping exact duplicates (of the log or of each
-    other). Every source is read and validated before anything is written. Returns (added, skipped)."""
+    """Append the records of ``sources`` to ``path`` (created if missing), skipping exact duplicates (of
+    the log or of each other). Every source is read and validated before anything is written; a source
+    that does not exist is a FileNotFoundError. Returns (added, skipped)."""
     seen = {_key(r) for r in read(path)}
     new, skipped = [], 0
     for src in sources:
-        for r in read(src):
+        for r in read(src, missing_ok=False):
             k = _key(r)
             if k in seen:
                 skipped += 1
@@ -232,15 +242,45 @@ def add(sources: Iterable[str | os.PathLike], path: str | os.PathLike = LOG) -> 
 # --------------------------------------------------------------------------- records from tool output
 
 
-def from_output(kind: str, text: str, env: dict, label: str | None = None, shape: str | None = None) -> list[dict]:
+# What each kind of ``record`` reads (for its help and its errors).
+SOURCES = {"pytest": "the output of `pytest -m gpu`", "check": "the output of `liger-portable check`",
+           "warmup": "the output of `liger-portable warmup MODEL`", "demo": "`liger-portable demo --json` output",
+           "distributed": "the JSON file of `scripts/distributed_check.py --json`"}
+
+
+def _json_object(text: str, kind: str, source: str) -> dict:
+    """The JSON object ``text`` holds (from its first ``{``, so a line printed before it is skipped),
+    else ValueError saying ``source`` is not the output ``kind`` expects."""
+    start = text.find("{")
+    try:
+        if start < 0:
+            raise ValueError("no JSON object in it")
+        return json.loads(text[start:])
+    except ValueError as e:
+        raise ValueError(f"{source} is not {SOURCES[kind]} ({e})") from None
+
+
+def from_output(kind: str, text: str, env: dict, label: str | None = None, shape: str | None = None,
+                source: str = "the text") -> list[dict]:
     """Records from the output of ``pytest -m gpu`` (kind "pytest"), ``liger-portable check``
     ("check"), ``liger-portable warmup MODEL`` ("warmup"), ``liger-portable demo --json`` ("demo")
     or the JSON file of ``scripts/distributed_check.py --json`` ("distributed"). ``label`` is put
-    before the shape (for a warmup: the model); ``shape`` replaces it."""
+    before the shape (for a warmup: the model); ``shape`` replaces it. No result in a text output
+    gives []; JSON that is not the expected output gives a ValueError naming ``source`` (the file)."""
+    if kind not in SOURCES:
+        raise ValueError(f"unknown kind {kind!r}: pytest, check, warmup, distributed or demo")
+
     def where(default: str) -> str:  # the records' shape
         s = shape or default
         return f"{label}: {s}" if label else s
 
+    if kind in ("distributed", "demo"):
+        d = _json_object(text, kind, source)
+        try:
+            return _from_json(kind, d, env, where)
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError, ZeroDivisionError) as e:
+            what = f"no field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+            raise ValueError(f"{source} is not {SOURCES[kind]} ({what})") from None
     if kind == "pytest":
         # the summary line, with -q or without (then framed by "=")
         m = re.findall(r"^=* ?(\d+ (?:passed|failed|errors?)\b.*?) in ([\d.]+)s", text, re.M)
@@ -263,27 +303,32 @@ def from_output(kind: str, text: str, env: dict, label: str | None = None, shape
             return []
         return [record("autotune_warmup", where(f"{m.group(1)} problems"), "liger-portable", "warmup_s",
                        float(m.group(3)), env=env)]
+    return []
+
+
+def _from_json(kind: str, d: dict, env: dict, where: Callable[[str], str]) -> list[dict]:
+    """The records of a ``distributed_check.py --json`` (kind "distributed") or ``demo --json`` object (see
+    :func:`from_output`; ``where`` gives their shape); KeyError, TypeError ... when ``d`` lacks a field."""
     if kind == "distributed":
-        d = json.loads(text)
         ok = sum(1 for r in d["results"] if r["ok"])
         return [record("distributed_check", where(f"{d['meta']['world']} processes, {d['meta']['backend']}"),
                        "liger-portable", "checks_passed", ok, env=env, failed=len(d["results"]) - ok)]
-    if kind == "demo":
-        d = json.loads(text[text.index("{"):])
-        c = d["config"]
-        model = where(f"Llama-style, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['batch']}x{c['seq']}")
-        out = []
-        for key, impl in (("hf", "hugging-face"), ("patched", "liger-portable")):
-            peak = d["peak_memory_bytes"].get(key)
-            note = None
-            if key == "patched":
-                note = (f"loss check over the first {d['compared_steps']} steps: {d['max_rel_loss_diff']:.1e} of the "
-                        f"loss (tolerance {d['rel_tolerance']:g}): {'OK' if d['ok'] else 'FAILED'}")
-            out.append(record("demo", model, impl, "tokens_per_s", round(d["tokens_per_s"][key], 1), env=env,
-                              dtype=c["dtype"], peak_gib=round(peak / 2**30, 3) if peak else None,
-                              vs_hf=round(d["tokens_per_s"][key] / d["tokens_per_s"]["hf"], 3), note=note))
-        return out
-    raise ValueError(f"unknown kind {kind!r}: pytest, check, warmup, distributed or demo")
+    c = d["config"]
+    # without kernels (the PyTorch fallback) both runs are PyTorch: their ratio shows only the machine's load
+    ratio = d.get("kernels", True)
+    model = where(f"Llama-style, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['batch']}x{c['seq']}")
+    out = []
+    for key, impl in (("hf", "hugging-face"), ("patched", "liger-portable")):
+        peak = d["peak_memory_bytes"].get(key)
+        note = None
+        if key == "patched":
+            note = (f"loss check over the first {d['compared_steps']} steps: {d['max_rel_loss_diff']:.1e} of the "
+                    f"loss (tolerance {d['rel_tolerance']:g}): {'OK' if d['ok'] else 'FAILED'}")
+        out.append(record("demo", model, impl, "tokens_per_s", round(d["tokens_per_s"][key], 1), env=env,
+                          dtype=c["dtype"], peak_gib=round(peak / 2**30, 3) if peak else None,
+                          vs_hf=round(d["tokens_per_s"][key] / d["tokens_per_s"]["hf"], 3) if ratio else None,
+                          note=note))
+    return out
 
 
 # --------------------------------------------------------------------------- summary
@@ -517,30 +562,48 @@ def summary(path: str | os.PathLike = LOG, out: str | os.PathLike = RESULTS) -> 
 # --------------------------------------------------------------------------- command line
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log", default=str(LOG), help="the log (default scripts/results/log.jsonl)")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("add", parents=[common], help="append the records of JSONL files, skipping exact duplicates")
-    a.add_argument("files", nargs="+")
-    s = sub.add_parser("summary", parents=[common], help="regenerate RESULTS.md from the log")
-    s.add_argument("--out", default=str(RESULTS))
-    s.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is not up to date")
-    r = sub.add_parser("record", parents=[common], help="records from a tool's output: pytest, check, warmup, demo (--json), "
-                                      "distributed (--json)")
-    r.add_argument("kind", choices=["pytest", "check", "warmup", "demo", "distributed"])
-    r.add_argument("file")
-    r.add_argument("--label", help="put before the shape (a warmup: the model)")
-    r.add_argument("--shape", help="the records' shape instead of the default (e.g. the tests run)")
-    r.add_argument("--out", help="append them here (default: $OUT/<kind>.jsonl if OUT is set, else the log)")
-    args = ap.parse_args(argv)
+class CommandError(Exception):
+    """An error :func:`main` reports in one line; ``code`` is the exit status (2: a usage error, 1: a failure)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def _input_file(path: str, what: str) -> Path:
+    """``path`` as a Path if it is an existing file, else a usage error naming it and ``what`` it should be."""
+    p = Path(path)
+    if not p.exists():
+        raise CommandError(f"{path}: no such file ({what})", 2)
+    if p.is_dir():
+        raise CommandError(f"{path} is a folder ({what})", 2)
+    return p
+
+
+def _write(what: str, write: Callable[[], object], fix: str = "name a file in a writable folder"):
+    """``write()``, which writes the file ``what`` names (e.g. "--out PATH"); an OSError becomes one line."""
+    try:
+        return write()
+    except OSError as e:
+        raise CommandError(f"cannot write {what}: {e.strerror or e} ({fix})") from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command ``args`` asks for; errors raise :class:`CommandError`, OSError or ValueError."""
     if args.cmd == "add":
-        added, skipped = add(args.files, args.log)
-        print(f"{args.log}: {added} records added, {skipped} duplicates skipped")
+        sources = [_input_file(f, "add takes JSONL files of records, e.g. an $OUT/records.jsonl") for f in args.files]
+        log = args.log or str(LOG)
+        for src in sources:  # readable, before the log is touched
+            read(src, missing_ok=False)
+        added, skipped = _write(f"--log {log}", lambda: add(sources, log))
+        print(f"{log}: {added} records added, {skipped} duplicates skipped")
     elif args.cmd == "summary":
-        text = summary_text(read(args.log))
+        if args.log is None:
+            records = read(LOG)  # the default log: none yet is no records
+        else:
+            records = read(_input_file(args.log, "--log names the log to summarize; leave it out for "
+                                                 "scripts/results/log.jsonl"), missing_ok=False)
+        text = summary_text(records)
         if args.check:
             current = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""
             if current != text:
@@ -548,24 +611,58 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(f"{args.out} is up to date")
         else:
-            Path(args.out).write_text(text, encoding="utf-8")
+            _write(f"--out {args.out}", lambda: Path(args.out).write_text(text, encoding="utf-8"))
             print(f"wrote {args.out}")
     else:
-        recs = from_output(args.kind, Path(args.file).read_text(encoding="utf-8", errors="replace"), environment(),
-                           args.label, args.shape)
+        what = SOURCES[args.kind]
+        src = _input_file(args.file, f"record {args.kind} takes {what}")
+        recs = from_output(args.kind, src.read_text(encoding="utf-8", errors="replace"), environment(),
+                           args.label, args.shape, source=args.file)
         if not recs:
-            print(f"no {args.kind} result found in {args.file}")
-            return 1
-        if args.out:
-            append(recs, args.out)
-            where = args.out
-        elif args.log != str(LOG):
-            append(recs, args.log)
-            where = args.log
+            raise CommandError(f"no {args.kind} result found in {args.file} (record {args.kind} takes {what})")
+        where = args.out or args.log
+        if where:
+            _write(f"{'--out' if args.out else '--log'} {where}", lambda: append(recs, where))
         else:
-            where = save(recs, args.kind)
+            out = os.environ.get("OUT")
+            where = _write(f"{out}/{args.kind}.jsonl (OUT is set)" if out else f"the log {LOG}",
+                           lambda: save(recs, args.kind), "set OUT to a writable folder, or name a file with --out")
         print(f"{where}: {len(recs)} records")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=Path(__file__).name, description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log", help="the log (default scripts/results/log.jsonl); add and record append to it, "
+                                      "creating it if missing; summary reads it (a --log named must exist)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("add", parents=[common], help="append the records of JSONL files, skipping exact duplicates")
+    a.add_argument("files", nargs="+", help="JSONL files of records (each must exist)")
+    s = sub.add_parser("summary", parents=[common], help="regenerate RESULTS.md from the log")
+    s.add_argument("--out", default=str(RESULTS),
+                   help="the Markdown file to write, or with --check to compare (default scripts/results/RESULTS.md)")
+    s.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is not up to date")
+    r = sub.add_parser("record", parents=[common], help="records from a tool's output: pytest, check, warmup, demo (--json), "
+                                      "distributed (--json)")
+    r.add_argument("kind", choices=list(SOURCES), help="what FILE holds: "
+                   + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()))
+    r.add_argument("file", help="the saved output of that tool")
+    r.add_argument("--label", help="put before the shape (a warmup: the model)")
+    r.add_argument("--shape", help="the records' shape instead of the default (e.g. the tests run)")
+    r.add_argument("--out", help="append them here (default: $OUT/<kind>.jsonl if OUT is set, else the log)")
+    args = ap.parse_args(argv)
+    try:
+        return _run(args)
+    except CommandError as e:
+        message, code = str(e), e.code
+    except OSError as e:
+        message, code = (f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)), 1
+    except ValueError as e:
+        message, code = str(e), 1
+    print(f"{ap.prog}: error: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -128,3 +128,92 @@ def test_committed_results_md_is_up_to_date():
     assert rl.RESULTS.read_text(encoding="utf-8") == rl.summary_text(rl.read(rl.LOG)), (
         "scripts/results/RESULTS.md differs from what scripts/results/log.jsonl gives: "
         "run python scripts/results_log.py summary")
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = rl.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+DEMO = {"config": {"hidden_size": 64, "num_hidden_layers": 2, "batch": 2, "seq": 16, "dtype": "float32"},
+        "tokens_per_s": {"hf": 1000.0, "patched": 1500.0}, "peak_memory_bytes": {"hf": 2**30, "patched": 2**29},
+        "compared_steps": 10, "max_rel_loss_diff": 1e-6, "rel_tolerance": 1e-3, "ok": True, "kernels": True}
+
+
+def test_cli_named_input_that_does_not_exist_is_a_usage_error(tmp_path, capsys):
+    """A missing file named on the command line is one line and exit 2, and nothing is written (a typo
+    in summary --log used to rewrite RESULTS.md as an empty summary; add used to add 0 records)."""
+    log, out = tmp_path / "log.jsonl", tmp_path / "RESULTS.md"
+    cases = [(["add", tmp_path / "nope.jsonl", "--log", log], "nope.jsonl: no such file (add takes JSONL files"),
+             (["summary", "--log", tmp_path / "typo.jsonl", "--out", out], "typo.jsonl: no such file (--log names"),
+             (["summary", "--check", "--log", tmp_path / "typo.jsonl", "--out", out], "typo.jsonl: no such file"),
+             (["record", "check", tmp_path / "nope.txt", "--out", log],
+              "nope.txt: no such file (record check takes the output of `liger-portable check`)"),
+             (["add", tmp_path, "--log", log], "is a folder (add takes JSONL files")]
+    for argv, message in cases:
+        code, stdout, err = _cli(capsys, *argv)
+        assert code == 2 and stdout == "", argv
+        assert err.startswith("results_log.py: error: ") and message in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    rl.append([rec(0.2)], log)
+    before = log.read_text()
+    (tmp_path / "check.out").write_text("  PASS  rms_norm float32 (7, 4096) y 4.9e-08\n")
+    (tmp_path / "x.json").write_text('{"x": 1}\n')
+    (tmp_path / "list.json").write_text('{"config": [1, 2]}\n')
+    (tmp_path / "bad.jsonl").write_text(json.dumps(rec(0.3)) + '\n{"date": "2026-12-03"}\n')
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00")
+    cases = [(["record", "demo", "check.out"], "check.out is not `liger-portable demo --json` output (no JSON object"),
+             (["record", "demo", "x.json"], "x.json is not `liger-portable demo --json` output (no field 'config')"),
+             (["record", "demo", "list.json"], "list.json is not `liger-portable demo --json` output (TypeError"),
+             (["record", "distributed", "x.json"],
+              "x.json is not the JSON file of `scripts/distributed_check.py --json` (no field 'results')"),
+             (["record", "pytest", "check.out"], "no pytest result found in"),
+             (["add", "bad.jsonl"], "bad.jsonl:2: record lacks device"),
+             (["add", "binary.jsonl"], "binary.jsonl:1: not UTF-8 text"),
+             (["summary", "--out", tmp_path / "no" / "RESULTS.md"], "cannot write --out"),
+             (["record", "check", "check.out", "--out", tmp_path / "check.out" / "x.jsonl"], "cannot write --out")]
+    for argv, message in cases:
+        argv = [tmp_path / a if a in ("check.out", "x.json", "list.json", "bad.jsonl", "binary.jsonl") else a
+                for a in argv]
+        code, stdout, err = _cli(capsys, *argv, "--log", log)
+        assert code == 1 and stdout == "", (argv, err)
+        assert err.startswith("results_log.py: error: ") and message in err and err.count("\n") == 1, err
+    assert log.read_text() == before
+    # the script itself: the same line on stderr, no traceback
+    r = subprocess.run([sys.executable, str(SCRIPT), "record", "demo", str(tmp_path / "x.json"), "--out",
+                        str(tmp_path / "out.jsonl")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr == f"results_log.py: error: {tmp_path / 'x.json'} is not `liger-portable demo --json` output " \
+                       "(no field 'config')\n"
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_cli_record_appends_to_out_and_summary_writes_out(tmp_path, capsys):
+    (tmp_path / "demo.json").write_text("progress line\n" + json.dumps(DEMO))
+    out = tmp_path / "new" / "records.jsonl"  # created, folder and all
+    code, stdout, err = _cli(capsys, "record", "demo", tmp_path / "demo.json", "--out", out)
+    assert (code, err) == (0, "") and stdout == f"{out}: 2 records\n"
+    code, stdout, err = _cli(capsys, "summary", "--log", out, "--out", tmp_path / "RESULTS.md")
+    assert (code, err, stdout) == (0, "", f"wrote {tmp_path / 'RESULTS.md'}\n")
+    assert "1,500 x1.50, 0.5 GiB" in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_record_demo_without_kernels_keeps_no_ratio():
+    """On the PyTorch fallback both runs are PyTorch: their tokens/s ratio is the machine's load, so the
+    records leave it out (as the demo's own output does)."""
+    hf, ours = rl.from_output("demo", json.dumps(DEMO), ENV)
+    assert "vs_hf" in hf and ours["vs_hf"] == 1.5
+    for r in rl.from_output("demo", json.dumps({**DEMO, "kernels": False}), ENV):
+        assert "vs_hf" not in r and r["value"] in (1000.0, 1500.0)
+
+
+def test_summary_help_explains_out(capsys):
+    with pytest.raises(SystemExit) as e:
+        rl.main(["summary", "--help"])
+    assert e.value.code == 0
+    assert "the Markdown file to write" in capsys.readouterr().out

@@ -5,6 +5,7 @@ nothing: a script broken by a change to the package fails here, not on the next 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,61 @@ def test_host_overhead_breakdown_layers_run(simulated_device, monkeypatch):
         if name == "liger-portable autograd op, no argument checks":
             assert torch.equal(x.grad, want[0]) and torch.equal(w.grad, want[1])
     assert launching.Launcher.__call__ is launcher_call
+
+
+GPU_SESSION = SCRIPTS / "gpu_session.sh"
+
+
+def _gpu_session(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run gpu_session.sh in ``tmp_path`` with ``python3`` this interpreter, OUT under ``tmp_path`` and
+    nothing that a step could measure (CHECK=0 TESTS=0); the repository's log must stay as it was."""
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    python3 = bin_dir / "python3"  # a wrapper: a link would lose a virtual environment's packages
+    python3.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python3.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in ("ALLOW_CPU", "OUT", "LIGER_PORTABLE_BACKEND")}
+    base.update(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", CHECK="0", TESTS="0",
+                OUT=str(tmp_path / "out"))
+    log = SCRIPTS / "results" / "log.jsonl"
+    before = log.stat().st_size
+    r = subprocess.run(["bash", str(GPU_SESSION), *args], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env={**base, **env})
+    assert log.stat().st_size == before
+    return r
+
+
+def test_gpu_session_answers_help(tmp_path):
+    r = _gpu_session(tmp_path, "--help")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout.startswith("One GPU session on any machine with a GPU") and "Exit status:" in r.stdout
+    assert "ALLOW_CPU=1" in r.stdout and "#" not in r.stdout.splitlines()[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nosuch"], "unknown bench 'nosuch' (no scripts/bench_nosuch.py): choose from "),
+    (["rms_norm", "glu:--x,1", "typo:--sweep"], "unknown bench 'typo'"),
+    (["rms_norm", "--bogus"], "unknown option --bogus"),
+    (["none", "rms_norm"], "'none' means no benchmarks: give it alone"),
+])
+def test_gpu_session_refuses_bad_arguments_before_running(tmp_path, args, message):
+    r = _gpu_session(tmp_path, *args)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.startswith(f"gpu_session.sh: error: {message}") and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_session_refuses_to_run_without_a_gpu(tmp_path):
+    """Without a GPU (forced here: the cpu backend) the session stops before its first step, saying it
+    needs one; ALLOW_CPU=1 runs it only with OUT set, so that CPU figures never reach the committed log."""
+    r = _gpu_session(tmp_path, "none", LIGER_PORTABLE_BACKEND="cpu")
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.startswith("gpu_session.sh: error: no GPU in use") and "needs a GPU" in r.stderr
+    assert r.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+    r = _gpu_session(tmp_path, "none", LIGER_PORTABLE_BACKEND="cpu", ALLOW_CPU="1", OUT="")
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr == "gpu_session.sh: error: ALLOW_CPU=1 needs OUT: a CPU run's records must not go to " \
+                       "scripts/results/log.jsonl\n"
