@@ -24,7 +24,8 @@ common layout code; an estimate, marked "~").
 
 Compiles run in a process pool and their results are cached by content (kernel source and its
 dependencies, Triton version, target, options, constexprs, signature), so a re-run compiles only
-what changed. Exit status 1 on any failure; every failure names kernel, target and limit.
+what changed. Exit status 1 on any failure; every failure names kernel, target and limit; 2 for
+bad arguments; 130 on Ctrl-C (the pool stops at once, finished compiles stay cached).
 
 Usage::
 
@@ -45,9 +46,11 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -135,7 +138,10 @@ def load_tables(directory: Path) -> tuple[dict[str, configs.Table], list[str]]:
     tables, errors = {}, []
     for backend in ("cuda", "rocm", "xpu"):
         path = directory / f"{backend}.json"
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise configs.ConfigError(f"{path}: not valid JSON ({e})") from None
         try:
             configs.parse_table(data, path, backend)
         except configs.ConfigError as e:
@@ -406,16 +412,102 @@ def compile_job(job: Job) -> dict:
     return res
 
 
-def _worker_init(triton_cache: str) -> None:
+def _use_triton_cache(triton_cache: str) -> None:
     os.environ["TRITON_CACHE_DIR"] = triton_cache
 
 
-def run_jobs(jobs: dict[str, Job], cache_dir: Path, n_jobs: int) -> tuple[dict[str, dict], int]:
-    """Results by job key: from the cache, else compiled in a pool and stored. Returns (results, hits)."""
+def _worker_init(triton_cache: str, parent: int) -> None:
+    """A pool worker's setup. Ctrl-C is the parent's to handle: the worker ignores SIGINT (its
+    compilers, e.g. ptxas, inherit that) and leads its own process group, so the parent can stop it
+    and its compilers together (``_stop_workers``); on Linux it also dies with the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, which a fork copies
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the prctl
+            os._exit(1)
+    _use_triton_cache(triton_cache)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during a run (``main`` sets the handler): stops it as Ctrl-C does;
+    ``args[0]`` is the signal number."""
+
+
+# Signals that stop a run: Ctrl-C's SIGINT (KeyboardInterrupt), and those raising Terminated.
+TERM_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+STOP_SIGNALS = (signal.SIGINT, *TERM_SIGNALS)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _signals(handler: Any, signals: tuple = STOP_SIGNALS):
+    """``handler`` for ``signals`` inside the block (signal.SIG_IGN holds them off), the previous
+    handlers after it; a no-op outside the main thread, where Python cannot set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def _stop_workers(processes: list) -> None:
+    """Kill pool workers and whatever they started (ptxas, ld.lld): each worker leads its own
+    process group (``_worker_init``), so the group is killed; then the workers are reaped."""
+    for p in processes:
+        # Before the join: an unreaped worker's pid cannot name another process group.
+        with contextlib.suppress(OSError, AttributeError):  # no group yet (just forked), or no killpg
+            os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError):
+            p.kill()
+    for p in processes:
+        p.join(timeout=5)
+
+
+def _store(cache_dir: Path | None, key: str, res: dict) -> Path | None:
+    """Write one result to the cache (atomically: a reader never sees half a file); returns the
+    folder where writing failed (a warning is printed once by the caller), else None."""
+    if cache_dir is None:
+        return None
+    f = cache_dir / key[:2] / f"{key}.json"
+    tmp = f.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(res))
+        tmp.replace(f)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError):
+            return f.parent
+        raise
+    return None
+
+
+def run_jobs(jobs: dict[str, Job], cache_dir: Path | None, n_jobs: int) -> tuple[dict[str, dict], int]:
+    """Results by job key: from the cache, else compiled in a pool and stored (``cache_dir`` None:
+    no cache). Returns (results, hits).
+
+    Ctrl-C (KeyboardInterrupt) or SIGTERM (``Terminated``, with ``main``'s handler) stops the pool
+    at once: its workers and their compilers are killed, the results that finished are kept in the
+    cache, the Triton scratch folder is removed once the workers are gone, and the exception is
+    raised on."""
     results, todo = {}, []
     for key, job in jobs.items():
-        f = cache_dir / key[:2] / f"{key}.json"
-        if f.exists():
+        f = cache_dir / key[:2] / f"{key}.json" if cache_dir is not None else None
+        if f is not None and f.exists():
             try:
                 results[key] = json.loads(f.read_text())
                 continue
@@ -425,29 +517,48 @@ def run_jobs(jobs: dict[str, Job], cache_dir: Path, n_jobs: int) -> tuple[dict[s
     hits = len(results)
     if not todo:
         return results, hits
+    failed_write: list[Path] = []
+
+    def keep(job: Job, res: dict) -> None:
+        results[job.key] = res
+        if failed_write:
+            return
+        where = _store(cache_dir, job.key, res)
+        if where is not None:
+            failed_write.append(where)
+            print(f"warning: cannot write the result cache in {where}; results of this run are not cached",
+                  file=sys.stderr)
+
     triton_cache = tempfile.mkdtemp(prefix="vendor_matrix_triton_")
+    pool, futs = None, {}
     try:
         if n_jobs <= 1 or len(todo) == 1:
-            _worker_init(triton_cache)
-            done = ((j, compile_job(j)) for j in todo)
+            _use_triton_cache(triton_cache)
+            for job in todo:
+                keep(job, compile_job(job))
         else:
             ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-            pool = cf.ProcessPoolExecutor(n_jobs, mp_context=ctx, initializer=_worker_init, initargs=(triton_cache,))
+            pool = cf.ProcessPoolExecutor(n_jobs, mp_context=ctx, initializer=_worker_init,
+                                          initargs=(triton_cache, os.getpid()))
             # Longest first (wide tiles, looped paths) so the pool ends together.
             todo.sort(key=lambda j: -sum(v for v in j.constexprs.values() if isinstance(v, int) and not isinstance(v, bool)))
             futs = {pool.submit(compile_job, j): j for j in todo}
-            done = ((futs[f], f.result()) for f in cf.as_completed(futs))
-        for job, res in done:
-            results[job.key] = res
-            f = cache_dir / job.key[:2] / f"{job.key}.json"
-            f.parent.mkdir(parents=True, exist_ok=True)
-            tmp = f.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(res))
-            tmp.replace(f)
-        if n_jobs > 1 and len(todo) > 1:
+            for f in cf.as_completed(futs):
+                keep(futs[f], f.result())
             pool.shutdown()
+            pool = None
     finally:
-        shutil.rmtree(triton_cache, ignore_errors=True)
+        # Interrupted (or failed): stop the pool now, then keep what finished. A second Ctrl-C
+        # waits until this is done (well under a second).
+        with _signals(signal.SIG_IGN):
+            if pool is not None:
+                processes = list((pool._processes or {}).values())  # shutdown() forgets them
+                pool.shutdown(wait=False, cancel_futures=True)
+                _stop_workers(processes)
+                for f, job in futs.items():
+                    if job.key not in results and f.done() and not f.cancelled() and f.exception() is None:
+                        keep(job, f.result())
+            shutil.rmtree(triton_cache, ignore_errors=True)
     return results, hits
 
 
@@ -524,15 +635,62 @@ def default_cache_dir() -> Path:
     return Path(base) / "liger_portable" / "vendor_matrix"
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1 (anything else is one error line, exit status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def cache_problem(path: Path) -> str | None:
+    """Why results cannot be stored under ``path``, or None if they can: the folder is created if
+    missing, and a file is written in it and removed."""
+    if path.exists() and not path.is_dir():
+        return "it is a file, not a folder"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def choose_cache_dir(flag: Path | None) -> tuple[Path | None, str | None]:
+    """(the result cache, or None for none; an error line, or None). A folder the user named
+    (``--cache-dir``, env LIGER_PORTABLE_MATRIX_CACHE) that cannot be written is an error, found
+    before anything compiles; an unwritable default folder turns the cache off with a warning."""
+    env = os.environ.get("LIGER_PORTABLE_MATRIX_CACHE")
+    if flag is not None:
+        why = cache_problem(flag)
+        return flag, why and f"--cache-dir {flag}: cannot store results there ({why}); pass a writable folder"
+    if env:
+        why = cache_problem(Path(env))
+        return Path(env), why and (f"LIGER_PORTABLE_MATRIX_CACHE={env}: cannot store results there ({why}); "
+                                   "point it at a writable folder or unset it")
+    path = default_cache_dir()
+    why = cache_problem(path)
+    if why:
+        print(f"warning: cannot store results in the default cache {path} ({why}); compiling without a "
+              "cache (pass --cache-dir or set LIGER_PORTABLE_MATRIX_CACHE to a writable folder)", file=sys.stderr)
+        return None, None
+    return path, None
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", default=",".join([*TARGETS, "xpu"]),
                    help=f"comma-separated: {', '.join(TARGETS)}, xpu (all Intel families, static) or "
                         f"{', '.join(XPU_TARGETS)} (default: all)")
-    p.add_argument("--kernels", default="", help="comma-separated spec names (default: every spec)")
+    p.add_argument("--kernels", default=None, help="comma-separated spec names (default: every spec)")
     p.add_argument("--full", action="store_true", help="also the tuner's search space over every rule's config")
     p.add_argument("--ci", action="store_true", help="fewer problem sizes (every rule still hit); for CI")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile processes (default: CPUs)")
+    p.add_argument("--jobs", type=_at_least_one, default=os.cpu_count() or 1, help="compile processes (default: CPUs)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help=f"result cache (default: {default_cache_dir()}; env LIGER_PORTABLE_MATRIX_CACHE)")
     p.add_argument("--tables-dir", type=Path, default=None, help="backends/ directory to check (default: the package's)")
@@ -543,21 +701,51 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    """Run the matrix; exit status 0 (all fit), 1 (failures), 2 (bad arguments), or 128 + the
+    signal (130 for Ctrl-C) when a signal stops it: one line, finished compiles kept in the cache."""
     # The kernels must be real jit functions, not the interpreter's: drop TRITON_INTERPRET before
     # anything imports liger_portable.ops (the test suite sets it).
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
     args = parse_args(argv)
+    try:
+        with _signals(_raise_terminated, TERM_SIGNALS):
+            return run(args)
+    except KeyboardInterrupt as e:
+        signum = e.args[0] if isinstance(e, Terminated) else signal.SIGINT
+        print("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}",
+              file=sys.stderr)
+        return 128 + signum
+
+
+def run(args: argparse.Namespace) -> int:
+    """``main`` after parsing the arguments."""
     t_start = time.perf_counter()
     from liger_portable import _paths
 
-    tables, failures = load_tables(args.tables_dir or _paths.backends_dir())
-    cache_dir = args.cache_dir or Path(os.environ.get("LIGER_PORTABLE_MATRIX_CACHE") or default_cache_dir())
+    tables_dir = args.tables_dir or _paths.backends_dir()
+    if not tables_dir.is_dir():
+        print(f"--tables-dir {tables_dir}: no such folder; pass the backends/ folder holding cuda.json, rocm.json "
+              "and xpu.json", file=sys.stderr)
+        return 2
+    try:
+        tables, failures = load_tables(tables_dir)
+    except OSError as e:
+        print(f"--tables-dir {tables_dir}: cannot read {e.filename} ({e.strerror}); pass the backends/ folder "
+              "holding cuda.json, rocm.json and xpu.json", file=sys.stderr)
+        return 2
+    except configs.ConfigError as e:  # JSON syntax, or a table the matrix cannot read at all
+        print(f"--tables-dir {tables_dir}: {e}; fix the table or pass another backends/ folder", file=sys.stderr)
+        return 2
 
     all_targets = {**TARGETS, **XPU_TARGETS}
     names = []
     for n in filter(None, (s.strip() for s in args.targets.split(","))):
         names += list(XPU_TARGETS) if n == "xpu" else [n]
+    if not names:
+        print(f"--targets {args.targets!r} names no target; pass some of: {', '.join(all_targets)}, xpu "
+              "(or leave --targets out for all)", file=sys.stderr)
+        return 2
     unknown = [n for n in names if n not in all_targets]
     if unknown:
         print(f"unknown target(s) {unknown}; known: {', '.join(all_targets)}, xpu", file=sys.stderr)
@@ -571,10 +759,19 @@ def main(argv=None) -> int:
         all_targets[tgt.name] = replace(tgt, **{m.group(2): int(m.group(3))},
                                         what=f"{tgt.what}; {m.group(2)} overridden to {m.group(3)} by --limit")
     targets = [all_targets[n] for n in names]
-    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()] or list(SPECS)
+    kernels = list(SPECS) if args.kernels is None else [k.strip() for k in args.kernels.split(",") if k.strip()]
+    if not kernels:
+        print(f"--kernels {args.kernels!r} names no kernel; pass some of: {', '.join(SPECS)} "
+              "(or leave --kernels out for all)", file=sys.stderr)
+        return 2
     bad = [k for k in kernels if k not in SPECS]
     if bad:
         print(f"unknown kernel(s) {bad}; known: {', '.join(SPECS)}", file=sys.stderr)
+        return 2
+    # Before anything compiles (a cache that cannot be written used to fail only at the end).
+    cache_dir, error = choose_cache_dir(args.cache_dir)
+    if error:
+        print(error, file=sys.stderr)
         return 2
 
     failures += table_limit_failures(tables, [t for t in targets if t.backend != "xpu"])
@@ -619,6 +816,10 @@ def main(argv=None) -> int:
                     jobs[job.key] = job
                     planned.append((item, variant, job, cell))
 
+    if not any(c.configs for c in cells.values()):
+        print(f"nothing to check: {'; '.join(n for n in notes if 'skipped' in n) or 'no configs'}; pass "
+              f"--kernels from: {', '.join(cm.DESCRIPTIONS)}", file=sys.stderr)
+        return 2
     results, hits = run_jobs(jobs, cache_dir, args.jobs)
     warnings = []
     for item, variant, job, cell in planned:
@@ -646,7 +847,8 @@ def main(argv=None) -> int:
     for n in notes:
         print(f"note: {n}")
     elapsed = time.perf_counter() - t_start
-    print(f"{len(jobs)} compiles ({hits} from the cache {cache_dir}, {len(jobs) - hits} compiled with "
+    cached = f"the cache {cache_dir}" if cache_dir is not None else "no cache"
+    print(f"{len(jobs)} compiles ({hits} from {cached}, {len(jobs) - hits} compiled with "
           f"{args.jobs} jobs), {elapsed:.1f} s")
     if warnings:
         print(f"\n{len(warnings)} SPILL WARNING(S) (slow, not a launch failure; --fail-on-spills makes them failures):")

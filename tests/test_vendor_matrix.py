@@ -212,3 +212,160 @@ def test_ci_matrix_reaches_every_rule_a_row_length_can():
             compiled = {i.where for i in vm.enumerate_configs(table, target, kernel, full=False, ci=True)}
             reachable = {table_config(table, target.name, kernel, {"n_cols": n, "n_rows": 16384})[1] for n in probe}
             assert reachable <= compiled, (target.name, kernel, reachable - compiled)
+
+
+# --------------------------------------------------------------------------- Ctrl-C and bad input
+
+# Runs the matrix with compile_job replaced by a fake: the first two calls return at once, the
+# others start a child process that sleeps (as ptxas would) and wait for it. argv[1]: a folder for
+# the fake's marks (call<n>, child<pid>, worker<pid>); the rest: the matrix's arguments.
+_SLOW_MATRIX = r"""
+import importlib.util, os, subprocess, sys
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location("vendor_matrix", sys.argv[1])
+vm = importlib.util.module_from_spec(spec)
+sys.modules["vendor_matrix"] = vm
+spec.loader.exec_module(vm)
+state = Path(sys.argv[2])
+
+
+def fake_compile(job):
+    n = 0
+    while True:
+        try:
+            (state / f"call{n}").mkdir()
+            break
+        except FileExistsError:
+            n += 1
+    Path(os.environ["TRITON_CACHE_DIR"], "x").mkdir(parents=True, exist_ok=True)
+    if n >= 2:
+        child = subprocess.Popen(["sleep", "120"])
+        (state / f"child{child.pid}").touch()
+        (state / f"worker{os.getpid()}").touch()
+        child.wait()
+        Path(os.environ["TRITON_CACHE_DIR"], "late").mkdir(parents=True, exist_ok=True)
+    return {"shared": 0, "num_warps": 4, "seconds": 0.0, "options": {}}
+
+
+vm.compile_job = fake_compile
+sys.exit(vm.main(sys.argv[3:]))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; process groups")
+@pytest.mark.parametrize("sig, status, line", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "stopped by SIGTERM")])
+def test_a_signal_stops_the_pool_and_its_compilers(tmp_path, sig, status, line):
+    """Ctrl-C (SIGINT to the process group) or SIGTERM while the pool compiles: the run stops within
+    seconds with one line and exit status 128 + the signal, the workers and the processes they
+    started are gone, the results that finished are cached, and the Triton scratch folder is removed
+    (workers used to keep compiling the queue, and to recreate it after the removal)."""
+    import signal
+    import time
+
+    state, cache, tmp = tmp_path / "state", tmp_path / "cache", tmp_path / "tmp"
+    for d in (state, tmp):
+        d.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TMPDIR"] = str(tmp)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_MATRIX, str(SCRIPT), str(state), "--kernels", "swiglu_fwd",
+         "--targets", "sm90,gfx942", "--ci", "--jobs", "2", "--cache-dir", str(cache)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (len(list(state.glob("child*"))) == 2 and len(list(cache.glob("*/*.json"))) == 2):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, getattr(signal, sig))
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == status, out + err
+    assert err.strip() == line and took < 5, (took, err)
+    time.sleep(0.2)
+    started = [int(p.name[len(kind):]) for kind in ("child", "worker") for p in state.glob(f"{kind}*")]
+    assert len(started) == 4 and not [pid for pid in started if _alive(pid)]
+    assert len(list(cache.glob("*/*.json"))) == 2 and not list(cache.glob("*/*.tmp"))
+    assert list(tmp.iterdir()) == []  # no vendor_matrix_triton_* folder
+
+
+@pytest.fixture
+def matrix_main(monkeypatch):
+    """The script's main, run in this process: its environment changes are undone afterwards."""
+    vm = _load_script()
+    for var in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION", "LIGER_PORTABLE_MATRIX_CACHE"):
+        monkeypatch.setenv(var, "")  # records the value (or its absence) to restore
+        monkeypatch.delenv(var)
+    return vm
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "two"])
+def test_jobs_must_be_at_least_one(matrix_main, capsys, value):
+    with pytest.raises(SystemExit) as e:
+        matrix_main.parse_args(["--jobs", value])
+    assert e.value.code == 2
+    assert "argument --jobs:" in capsys.readouterr().err
+    assert matrix_main.parse_args(["--jobs", "3"]).jobs == 3
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--targets", ""], "--targets '' names no target"),
+    (["--targets", " , "], "--targets ' , ' names no target"),
+    (["--kernels", ""], "--kernels '' names no kernel"),
+    (["--kernels", ","], "--kernels ',' names no kernel"),
+    (["--tables-dir", "/nonexistent"], "--tables-dir /nonexistent: no such folder"),
+])
+def test_empty_selection_and_missing_tables_are_errors(matrix_main, capsys, argv, says):
+    assert matrix_main.main([*argv, "--cache-dir", "/nonexistent/never-reached"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(says) and err.count("\n") == 1, err
+
+
+def test_tables_dir_without_a_table(matrix_main, capsys, tmp_path):
+    (tmp_path / "cuda.json").write_text("{")
+    assert matrix_main.main(["--tables-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"--tables-dir {tmp_path}: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("where", ["flag", "env"])
+@pytest.mark.parametrize("bad", ["file", "/proc/vm", "under-a-file"])
+def test_unwritable_cache_is_an_error_before_compiling(matrix_main, monkeypatch, capsys, tmp_path, where, bad):
+    """A cache folder the user named that cannot be written is one error line (status 2) before
+    anything compiles (it used to be a traceback after all the compiles)."""
+    (tmp_path / "file").write_text("")
+    path = {"file": str(tmp_path / "file"), "under-a-file": str(tmp_path / "file" / "sub")}.get(bad, bad)
+    monkeypatch.setattr(matrix_main, "make_jobs", lambda *a, **k: pytest.fail("compiled before checking the cache"))
+    argv = ["--kernels", "swiglu_fwd", "--targets", "sm90", "--ci"]
+    if where == "flag":
+        argv += ["--cache-dir", path]
+    else:
+        monkeypatch.setenv("LIGER_PORTABLE_MATRIX_CACHE", path)
+    assert matrix_main.main(argv) == 2
+    err = capsys.readouterr().err
+    head = f"--cache-dir {path}: " if where == "flag" else f"LIGER_PORTABLE_MATRIX_CACHE={path}: "
+    assert err.startswith(head + "cannot store results there (") and err.count("\n") == 1, err
+
+
+def test_unwritable_default_cache_turns_the_cache_off(matrix_main, monkeypatch, capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    assert matrix_main.choose_cache_dir(None) == (None, None)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: cannot store results in the default cache") and err.count("\n") == 1, err
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "ok"))
+    assert matrix_main.choose_cache_dir(None) == (tmp_path / "ok" / "liger_portable" / "vendor_matrix", None)
+    assert matrix_main.choose_cache_dir(tmp_path / "mine") == (tmp_path / "mine", None)
