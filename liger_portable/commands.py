@@ -265,6 +265,24 @@ def cache_summary(device) -> list[tuple[str, Path, int]]:
     return [(label, path, len(autotune_cache.read(str(path)))) for label, path in autotune_cache.cache_files(device)]
 
 
+def current_entries(path: Path) -> int:
+    """How many entries of the cache file at ``path`` this installation can use: those of a
+    kernel's current code version and of the installed Triton's major.minor (a Triton upgrade or
+    a kernel change leaves the others unused)."""
+    from . import autotune_cache
+
+    prefixes = tuple(f"{s.name}|{s.version}|triton{autotune_cache.triton_major_minor()}|" for s in SPECS.values())
+    return sum(key.startswith(prefixes) for key in autotune_cache.read(str(path)))
+
+
+def entries_text(path: Path, n: int) -> str:
+    """What `info` says of a cache file holding ``n`` entries."""
+    if not n:
+        return "none for this model"
+    current = current_entries(path)
+    return f"{n} tuned entries" + ("" if current == n else f", {current} current for this Triton and kernel code")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     p = platform()
     if args.json:
@@ -275,7 +293,8 @@ def cmd_info(args: argparse.Namespace) -> int:
                 for i in range(p.device_count)
             }
             out["autotune_cache"] = {
-                i: [{"cache": label, "path": str(path), "entries": n} for label, path, n in cache_summary(p.device(i))]
+                i: [{"cache": label, "path": str(path), "entries": n, "current": current_entries(path)}
+                    for label, path, n in cache_summary(p.device(i))]
                 for i in range(p.device_count)
             }
         print(json.dumps(out, indent=2, default=str))
@@ -294,7 +313,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             f"shared mem/block {d.shared_mem_per_block} B  -> {table.path.name} [{section}]"
         )
         for label, path, n in cache_summary(d):
-            print(f"  {label}: {path} ({f'{n} tuned entries' if n else 'none for this model'})")
+            print(f"  {label}: {path} ({entries_text(path, n)})")
         for kernel, label, cfg, source in _configs_for(i):
             print(f"  {kernel:<14} {label:<24} {cfg:<58} from {source}")
     print(f"kernels with tables: {', '.join(SPECS)}")

@@ -948,6 +948,20 @@ def test_do_bench_waits_for_its_own_events_only(monkeypatch):
     assert len(cleared) == 5 + n_timed  # the L2 cache cleared before each estimated and timed run
 
 
+def test_info_counts_the_entries_this_installation_can_use(monkeypatch):
+    """`info` tells tuned entries of another Triton (or of older kernel code) from current ones: the
+    shipped H200 file listed 4 tuned entries under Triton 3.9, none of which applied."""
+    from liger_portable import commands
+
+    autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    autotune_cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
+    assert commands.current_entries(user_file()) == 2
+    assert commands.entries_text(user_file(), 2) == "2 tuned entries"
+    monkeypatch.setattr(autotune_cache, "triton_major_minor", lambda: "99.1")
+    assert commands.current_entries(user_file()) == 0
+    assert commands.entries_text(user_file(), 2) == "2 tuned entries, 0 current for this Triton and kernel code"
+
+
 def test_info_cache_summary_counts_user_and_shipped_entries(tmp_path):
     from liger_portable import commands
 
