@@ -664,7 +664,9 @@ def fused_linear_cross_entropy(
         bias: None or ``(V,)``, same dtype and device.
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss: as
             :func:`cross_entropy`. ``reduction="none"`` recomputes the logits in the backward (one
-            more ``BT x H x V`` product; the same memory).
+            more ``BT x H x V`` product; the same memory). In float16 without a ``softcap``, an
+            ``lse_square_scale`` above about 1.1e-4 runs the PyTorch fallback, with a warning: the
+            kernels' scaled float16 logit gradients could overflow.
         chunk_mib: MiB of logits per token chunk, the memory the op needs beyond the gradients
             (None: the device table's ``CHUNK_TOKENS`` tokens, set where reading and writing
             grad_weight once per chunk costs a small part of the chunk's matmuls; more where they
