@@ -1,4 +1,4 @@
-"""``python -m liger_portable info|check``: the same as the ``liger-portable`` command."""
+"""``python -m liger_portable COMMAND`` (info, check, warmup, demo): the same as the ``liger-portable`` command."""
 
 import sys
 
