@@ -279,6 +279,27 @@ def test_kernel_interpreter_fp16_small_gradients(simulated_device, poison, reduc
         assert rel_err(out, r) <= 4 * rel_err(r.to(dtype), r), (name, rel_err(out, r), rel_err(r.to(dtype), r))
 
 
+def _check_fp16_large_zloss(device, launches, reduction, zloss):
+    dtype = torch.float16
+    g = torch.Generator().manual_seed(0)
+    h = torch.cat([torch.tensor([[100.0, 0.0]]), torch.randn(5, 2, generator=g)]).to(dtype)
+    w = torch.cat([torch.eye(2), torch.randn(7, 2, generator=g)]).to(dtype)
+    t = torch.tensor([1, 0, 3, 8, -100, 2])
+    go = torch.tensor(1.3) if reduction == "mean" else torch.randn(6, generator=g)
+    ref = flce_reference(h, w, None, t, reduction=reduction, opts=(0.0, zloss, None), grad_out=go)
+    hl, wl = h.to(device).requires_grad_(), w.to(device).requires_grad_()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = F.fused_linear_cross_entropy(hl, wl, t.to(device), reduction=reduction, lse_square_scale=zloss)
+        (loss * go.to(device)).sum().backward()
+    fell_back = zloss == 0.1
+    assert any("lse_square_scale=0.1" in str(c.message) for c in caught) == fell_back
+    assert bool(launches) != fell_back
+    for name, out, r in (("dhidden", hl.grad, ref[2]), ("dweight", wl.grad, ref[3])):
+        assert torch.isfinite(out).all(), name
+        assert rel_err(out.cpu(), r) <= TOL[dtype], (name, rel_err(out.cpu(), r))
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("zloss", [0.1, 1e-4])
@@ -289,23 +310,7 @@ def test_kernel_interpreter_fp16_large_zloss(simulated_device, poison, launches,
     PaLM's 1e-4 keeps the kernels."""
     if simulated_device.arch != "sm90":
         pytest.skip("dtype logic, not a config: one table is enough")
-    dtype = torch.float16
-    g = torch.Generator().manual_seed(0)
-    h = torch.cat([torch.tensor([[100.0, 0.0]]), torch.randn(5, 2, generator=g)]).to(dtype)
-    w = torch.cat([torch.eye(2), torch.randn(7, 2, generator=g)]).to(dtype)
-    t = torch.tensor([1, 0, 3, 8, -100, 2])
-    go = torch.tensor(1.3) if reduction == "mean" else torch.randn(6, generator=g)
-    ref = flce_reference(h, w, None, t, reduction=reduction, opts=(0.0, zloss, None), grad_out=go)
-    hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        (F.fused_linear_cross_entropy(hl, wl, t, reduction=reduction, lse_square_scale=zloss) * go).sum().backward()
-    fell_back = zloss == 0.1
-    assert any("lse_square_scale=0.1" in str(c.message) for c in caught) == fell_back
-    assert bool(launches) != fell_back
-    for name, out, r in (("dhidden", hl.grad, ref[2]), ("dweight", wl.grad, ref[3])):
-        assert torch.isfinite(out).all(), name
-        assert rel_err(out, r) <= TOL[dtype], (name, rel_err(out, r))
+    _check_fp16_large_zloss(torch.device("cpu"), launches, reduction, zloss)
 
 
 def test_half_grads_fit_bound():
@@ -431,6 +436,20 @@ def test_kernel_interpreter_compile_fullgraph(simulated_device, small_chunks):
             assert rel_err(out, r) <= 1e-5, reduction
 
 
+def _check_inductor_transposed_weight(device):
+    fn = torch.compile(F.fused_linear_cross_entropy, fullgraph=True, backend="inductor")
+    for reduction in ("mean", "none"):
+        h, w, _, t = _inputs(6, 16, 37, torch.float32, bias=False)
+        go = torch.randn(6) if reduction == "none" else torch.tensor(1.0)
+        ref = flce_reference(h, w, None, t, reduction=reduction, grad_out=go)
+        hl = h.to(device).requires_grad_()
+        wt = w.t().contiguous().to(device).requires_grad_()  # (H, V)
+        loss = fn(hl, wt.t(), t.to(device), reduction=reduction)
+        (loss * go.to(device)).sum().backward()
+        for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wt.grad.t(), ref[3])):
+            assert rel_err(out.cpu(), r) <= 1e-5, reduction
+
+
 @pytest.mark.interpreter
 @pytest.mark.slow
 def test_kernel_interpreter_inductor_transposed_weight(simulated_device, small_chunks):
@@ -439,17 +458,7 @@ def test_kernel_interpreter_inductor_transposed_weight(simulated_device, small_c
     weight's strides failed Inductor's stride assertions), and the values match float64."""
     if simulated_device.arch != "sm90":
         pytest.skip("one table is enough: the custom-op plumbing is vendor-independent")
-    fn = torch.compile(F.fused_linear_cross_entropy, fullgraph=True, backend="inductor")
-    for reduction in ("mean", "none"):
-        h, w, _, t = _inputs(6, 16, 37, torch.float32, bias=False)
-        go = torch.randn(6) if reduction == "none" else torch.tensor(1.0)
-        ref = flce_reference(h, w, None, t, reduction=reduction, grad_out=go)
-        hl = h.clone().requires_grad_()
-        wt = w.t().contiguous().requires_grad_()  # (H, V)
-        loss = fn(hl, wt.t(), t, reduction=reduction)
-        (loss * go).sum().backward()
-        for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wt.grad.t(), ref[3])):
-            assert rel_err(out, r) <= 1e-5, reduction
+    _check_inductor_transposed_weight(torch.device("cpu"))
 
 
 # --------------------------------------------------------------------------- real GPU
@@ -527,6 +536,20 @@ def test_kernel_gpu_beyond_int32_elements():
     assert rel_err(h.grad[tail], d @ w.double()) <= 1e-5
     assert rel_err(w.grad, d.T @ h[tail].double()) <= 1e-5
     assert torch.count_nonzero(h.grad[: BT - 5]) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("zloss", [0.1, 1e-4])
+def test_kernel_gpu_fp16_large_zloss(launches, reduction, zloss):
+    """As test_kernel_interpreter_fp16_large_zloss, on the GPU."""
+    _check_fp16_large_zloss(_gpu(), launches, reduction, zloss)
+
+
+@pytest.mark.gpu
+def test_inductor_transposed_weight_gpu():
+    """As test_kernel_interpreter_inductor_transposed_weight, on the GPU."""
+    _check_inductor_transposed_weight(_gpu())
 
 
 @pytest.mark.gpu
