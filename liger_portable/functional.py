@@ -664,9 +664,10 @@ def fused_linear_cross_entropy(
         bias: None or ``(V,)``, same dtype and device.
         ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss: as
             :func:`cross_entropy`. ``reduction="none"`` recomputes the logits in the backward (one
-            more ``BT x H x V`` product; the same memory). In float16 without a ``softcap``, an
-            ``lse_square_scale`` above about 1.1e-4 runs the PyTorch fallback, with a warning: the
-            kernels' scaled float16 logit gradients could overflow.
+            more ``BT x H x V`` product; the same memory). In float16 with gradients, an
+            ``lse_square_scale`` above about 1.1e-4 (with a softcap, above about
+            ``7.5 / (softcap + log V)``) runs the PyTorch fallback, with a warning: the kernels'
+            scaled float16 logit gradients could overflow.
         chunk_mib: MiB of logits per token chunk, the memory the op needs beyond the gradients
             (None: the device table's ``CHUNK_TOKENS`` tokens, set where reading and writing
             grad_weight once per chunk costs a small part of the chunk's matmuls; more where they
@@ -686,17 +687,20 @@ def fused_linear_cross_entropy(
         return_z_loss, chunk_mib,
     )
     dev = _kernel_device(_flce_ops, device, hidden)
-    if dev is not None and hidden.dtype == torch.float16 and not _flce_ops.half_grads_fit(
-        lse_square_scale, softcap, weight.shape[0]
+    if (
+        dev is not None and hidden.dtype == torch.float16 and lse_square_scale != 0.0
+        and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+        and not _flce_ops.half_grads_fit(lse_square_scale, softcap, weight.shape[0])
     ):
-        import warnings
+        if not torch.compiler.is_compiling():  # (a warning would break the graph)
+            import warnings
 
-        warnings.warn(
-            f"fused_linear_cross_entropy: float16 with lse_square_scale={lse_square_scale} could overflow the "
-            "kernels' float16 logit gradients; running the PyTorch fallback (slower, exact). bfloat16 inputs, "
-            "a softcap or lse_square_scale <= 1e-4 keep the kernels.",
-            stacklevel=2,
-        )
+            warnings.warn(
+                f"fused_linear_cross_entropy: float16 with lse_square_scale={lse_square_scale} could overflow "
+                "the kernels' float16 logit gradients; running the PyTorch fallback (slower, exact). bfloat16 "
+                "inputs, lse_square_scale <= 1e-4, or a softcap below 7.5 / lse_square_scale - log(V) keep the kernels.",
+                stacklevel=2,
+            )
         dev = None
     if dev is None:
         return fallback.fused_linear_cross_entropy(

@@ -313,6 +313,25 @@ def test_kernel_interpreter_fp16_large_zloss(simulated_device, poison, launches,
     _check_fp16_large_zloss(torch.device("cpu"), launches, reduction, zloss)
 
 
+@pytest.mark.interpreter
+def test_kernel_interpreter_fp16_large_zloss_without_grads_and_compiled(simulated_device, launches):
+    """Without gradients the kernels cannot overflow: they run, without a warning. Under
+    torch.compile(fullgraph=True) the fallback is taken without the warning (one breaks the graph)."""
+    if simulated_device.arch != "sm90":
+        pytest.skip("dtype logic, not a config: one table is enough")
+    h, w, _, t = _inputs(6, 8, 11, torch.float16, bias=False)
+    ref = flce_reference(h, w, None, t, opts=(0.0, 0.1, None))
+    hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = F.fused_linear_cross_entropy(hl, wl, t, lse_square_scale=0.1)
+    assert launches and rel_err(loss, ref[0]) <= TOL[torch.float16]
+    fn = torch.compile(F.fused_linear_cross_entropy, fullgraph=True, backend="aot_eager")
+    loss = fn(hl, wl, t, lse_square_scale=0.1)
+    loss.backward()
+    assert rel_err(loss, ref[0]) <= TOL[torch.float16] and rel_err(hl.grad, ref[2]) <= TOL[torch.float16]
+
+
 def test_half_grads_fit_bound():
     """The largest z-loss the fp16 kernels take: 1e-4 at V 128256 without a softcap; with a softcap
     of 30, up to 0.1."""
