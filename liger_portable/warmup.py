@@ -226,9 +226,10 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
         for what, why in problems_left.items():
             print(f"not tuned: {what}: {why}", file=sys.stderr)
     if autotune_cache.in_memory_only(dev):  # the warmup's one product is the cache file
-        print(f"liger-portable warmup: error: the tuned configs could not be written to "
-              f"{autotune_cache.user_cache_file(dev)} and are lost when this process ends; set "
-              f"LIGER_PORTABLE_CACHE_DIR to a writable folder and run it again", file=sys.stderr)
+        if rank == 0:
+            print(f"liger-portable warmup: error: the tuned configs could not be written to "
+                  f"{autotune_cache.user_cache_file(dev)} and are lost when this process ends; set "
+                  f"LIGER_PORTABLE_CACHE_DIR to a writable folder and run it again", file=sys.stderr)
         return 1
     return 1 if problems_left else 0
 

@@ -44,7 +44,7 @@ if [ "${names[0]}" = none ]; then
   [ ${#names[@]} -eq 1 ] || usage_error "'none' means no benchmarks: give it alone, not with ${names[*]:1}"
   names=()
 fi
-for spec in "${names[@]}"; do
+for spec in ${names[@]+"${names[@]}"}; do  # (the guard: an empty array is unbound under set -u in bash <= 4.3)
   n=${spec%%:*}
   if ! [[ $n =~ ^[A-Za-z0-9_]+$ ]] || [ ! -f "scripts/bench_$n.py" ]; then
     known=$(cd scripts && ls bench_*.py | sed 's/^bench_//; s/\.py$//' | tr '\n' ' ')
@@ -146,7 +146,7 @@ if [ "${MULTI_GPU:-0}" != 0 ]; then
   cp -r "$LIGER_PORTABLE_CACHE_DIR" "$LOGS/warmup_cache_torchrun" 2>/dev/null
   unset LIGER_PORTABLE_CACHE_DIR
 fi
-for spec in "${names[@]}"; do   # a name, or name:--arg,value,... for a run with its own arguments
+for spec in ${names[@]+"${names[@]}"}; do   # a name, or name:--arg,value,... for a run with its own arguments
   n=${spec%%:*}; extra=""; tag=""
   if [[ $spec == *:* ]]; then extra=${spec#*:}; extra=${extra//,/ }; tag=_$(echo "$extra" | tr -cd 'a-z0-9'); fi
   args_var="BENCH_ARGS_$n"

@@ -402,9 +402,20 @@ def _num(v: float) -> str:
 
 # Peak memory of a forward + backward measured before the benchmarks cleared the gradients of the
 # last step first (records without ``peak_from``): the gradients the step allocates may be missing.
+# The GLU and fused add benchmarks always measured from no gradients, the fused linear
+# cross-entropy's since 2026-12-04.
 OLD_PEAK = "\u2021"
 OLD_PEAK_NOTE = (f"{OLD_PEAK}: peak memory taken beside the last step's gradients (records before 2026-12-06 "
                  "that do not say `peak_from`): the step's own gradients may be missing from the figure.")
+_PEAK_FROM_NO_GRADS = {"swiglu": "", "geglu": "", "fused_add_rms_norm": "", "fused_linear_cross_entropy": "2026-12-04"}
+
+
+def old_peak(r: dict) -> bool:
+    """Whether ``r``'s peak memory may leave out the gradients its step allocates (see OLD_PEAK)."""
+    if not r["metric"].startswith("fwd_bwd_") or "peak_mib" not in r or "peak_from" in r:
+        return False
+    since = _PEAK_FROM_NO_GRADS.get(r["op"])
+    return since is None or r["date"] < since
 
 
 def _row_label(r: dict) -> str:
@@ -428,8 +439,7 @@ def _cell(r: dict, memory: bool = True) -> str:
     if "vs_hf" in r and r["impl"] != "hugging-face":
         s += f" x{r['vs_hf']:.2f}"
     if "peak_mib" in r and memory:
-        old = r["metric"].startswith("fwd_bwd_") and "peak_from" not in r
-        s += f", {r['peak_mib']:,.0f} MiB{OLD_PEAK if old else ''}"
+        s += f", {r['peak_mib']:,.0f} MiB{OLD_PEAK if old_peak(r) else ''}"
     if "peak_gib" in r and memory:
         s += f", {r['peak_gib']:.1f} GiB"
     return s

@@ -140,7 +140,7 @@ def load_tables(directory: Path) -> tuple[dict[str, configs.Table], list[str]]:
         path = directory / f"{backend}.json"
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+        except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError: not UTF-8
             raise configs.ConfigError(f"{path}: not valid JSON ({e})") from None
         try:
             configs.parse_table(data, path, backend)
@@ -421,7 +421,8 @@ def _worker_init(triton_cache: str, parent: int) -> None:
     compilers, e.g. ptxas, inherit that) and leads its own process group, so the parent can stop it
     and its compilers together (``_stop_workers``); on Linux it also dies with the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, which a fork copies
+    for s in TERM_SIGNALS:  # not the parent's handlers, which a fork copies
+        signal.signal(s, signal.SIG_DFL)
     if hasattr(os, "setpgrp"):
         os.setpgrp()
     if sys.platform == "linux":

@@ -130,7 +130,8 @@ def heavy_memory_slot_path(slot: int) -> str:
 
 
 def _take_heavy_memory_slot():
-    """An open lock file of a free heavy_memory slot, locked exclusively; waits until one is free."""
+    """(slot, its open lock file, locked exclusively) of a free heavy_memory slot; waits until one
+    is free."""
     import fcntl
     import time
 
@@ -141,7 +142,7 @@ def _take_heavy_memory_slot():
             f = os.fdopen(fd, "r+")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return f
+                return slot, f
             except BlockingIOError:
                 f.close()
         time.sleep(0.05)
@@ -176,7 +177,9 @@ def _one_big_memory_test_at_a_time(request):
     fd = os.open(big_memory_lock_path(), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if big else fcntl.LOCK_SH)
-        slot = _take_heavy_memory_slot() if heavy and not big else None
+        slot = None
+        if heavy and not big:
+            request.node.heavy_memory_slot, slot = _take_heavy_memory_slot()
         try:
             yield
         finally:

@@ -199,22 +199,19 @@ def test_big_memory_tests_hold_the_exclusive_lock():
 
 
 @pytest.mark.heavy_memory
-def test_heavy_memory_tests_hold_a_slot():
-    """The conftest fixture behind ``heavy_memory``: such a test holds one of the slots, so no more
-    than ``heavy_memory_slots()`` run at once, and still holds the shared GPU lock."""
+def test_heavy_memory_tests_hold_a_slot(request):
+    """The conftest fixture behind ``heavy_memory``: such a test holds one of the slots (no other
+    process can take it), so no more than ``heavy_memory_slots()`` run at once, and still holds the
+    shared GPU lock."""
     import fcntl
 
     from conftest import big_memory_lock_path, heavy_memory_slot_path, heavy_memory_slots
 
-    held = 0
-    for slot in range(heavy_memory_slots()):
-        with open(heavy_memory_slot_path(slot), "a") as other:
-            try:
-                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(other, fcntl.LOCK_UN)
-            except BlockingIOError:
-                held += 1
-    assert held >= 1  # ours (other workers may hold the rest)
+    slot = request.node.heavy_memory_slot
+    assert 0 <= slot < heavy_memory_slots()
+    with open(heavy_memory_slot_path(slot), "a") as other:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with open(big_memory_lock_path(), "a") as other:
         with pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)

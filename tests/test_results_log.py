@@ -99,6 +99,18 @@ def test_summary_keeps_dtypes_methods_and_memory_conventions_apart(tmp_path):
     assert rl.OLD_PEAK_NOTE in text
 
 
+def test_old_peak_marks_only_the_benchmarks_that_measured_beside_old_gradients():
+    def r(op, date, **extra):
+        return {"op": op, "metric": "fwd_bwd_graph_ms", "date": date, "peak_mib": 1.0, **extra}
+
+    assert rl.old_peak(r("rms_norm", "2026-12-03")) and rl.old_peak(r("dpo_loss", "2026-12-05"))
+    assert not rl.old_peak(r("rms_norm", "2026-12-06", peak_from="no gradients"))
+    assert not rl.old_peak(r("swiglu", "2026-12-02")) and not rl.old_peak(r("fused_add_rms_norm", "2026-12-03"))
+    assert rl.old_peak(r("fused_linear_cross_entropy", "2026-12-03"))
+    assert not rl.old_peak(r("fused_linear_cross_entropy", "2026-12-04"))
+    assert not rl.old_peak({"op": "train_step", "metric": "tokens_per_s", "date": "2026-12-03", "peak_gib": 3.0})
+
+
 def test_summary_puts_probes_after_the_headline_tables(tmp_path):
     log, out = tmp_path / "log.jsonl", tmp_path / "RESULTS.md"
     rl.append([rec(0.182), rec(0.25, impl="liger-kernel"), rec(0.31, impl="liger-portable (old launch)", note="A/B"),
