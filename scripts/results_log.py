@@ -186,18 +186,18 @@ def read(path: str | os.PathLike = LOG, missing_ok: bool = True) -> list[dict]:
     path = Path(path)
     if missing_ok and not path.exists():
         return out
-    with open(path, encoding="utf-8") as f:
-        n = 0
-        try:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    out.append(validate(json.loads(line)))
-                except ValueError as e:
-                    raise ValueError(f"{path}:{n}: {e}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}:{n + 1}: not UTF-8 text: a JSONL file of records was expected") from None
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}:{n}: not UTF-8 text: a JSONL file of records was expected") from None
+            if not line.strip():
+                continue
+            try:
+                out.append(validate(json.loads(line)))
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: {e}") from None
     return out
 
 
