@@ -18,6 +18,17 @@ from ._arguments import DEMO_DESCRIPTION, WARMUP_DESCRIPTION, demo_arguments, ru
 DESCRIPTION = "Fused Triton kernels for LLM training, with launch configs per GPU vendor and model."
 
 
+def _device_index(text: str) -> int:
+    """An argparse type: a GPU index, a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a GPU index (a whole number >= 0), got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="liger-portable", description=DESCRIPTION, epilog="`liger-portable COMMAND -h` shows a command's options."
@@ -26,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="the detected backend and devices, and where each kernel's config comes from")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     check = sub.add_parser("check", help="run every kernel on this machine against the float64 PyTorch fallback")
-    check.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    check.add_argument("--device", type=_device_index, default=0, help="GPU index (default 0; ignored without a GPU)")
     warmup_arguments(sub.add_parser(
         "warmup", help="tune the kernel problems of one training step of a model",
         description=WARMUP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,

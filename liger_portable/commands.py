@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from . import configs, fallback, functional as F
-from .hardware import platform
+from .hardware import PlatformError, platform
 from .specs import SPECS
 
 
@@ -326,6 +326,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         device = torch.device("cpu")
         where = "cpu (PyTorch fallback)"
     else:
+        if args.device >= p.device_count:
+            raise PlatformError(f"--device {args.device}: this machine has {p.device_count} {p.backend} device(s), "
+                             f"indices 0 to {p.device_count - 1}")
         device = torch.device(p.torch_device_type, args.device)
         d = p.device(args.device)
         where = f"{d.name} ({p.backend} {d.arch})"

@@ -103,6 +103,23 @@ def test_other_entry_points_report_errors_as_the_cli(module):
     assert r.stderr.strip().splitlines()[-1].startswith("liger-portable: error: LIGER_PORTABLE_BACKEND=")
 
 
+def test_check_device_index_errors_are_one_line(monkeypatch, capsys):
+    """``check --device`` takes an index >= 0 (argparse: status 2), and one this machine has (one
+    line, status 2; a negative or missing index was a torch traceback)."""
+    from liger_portable import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["check", "--device", "-3"])
+    assert e.value.code == 2 and "expected a GPU index (a whole number >= 0), got '-3'" in capsys.readouterr().err
+    import types
+
+    one_gpu = types.SimpleNamespace(backend="cuda", device_count=1, torch_device_type="cuda")
+    monkeypatch.setattr(commands, "platform", lambda: one_gpu)
+    assert cli.main(["check", "--device", "7"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("liger-portable: error: --device 7: this machine has 1 cuda device(s), indices 0 to 0")
+
+
 def test_interrupt_is_one_line_and_status_130(monkeypatch, capsys):
     from liger_portable import cli
 
