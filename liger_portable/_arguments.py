@@ -17,7 +17,7 @@ WARMUP_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16
 DEMO_DTYPES = ("bfloat16", "float16", "float32")
 
 
-def _at_least_one(name: str | None = None):
+def at_least_one(name: str | None = None):
     """An argparse type: an integer >= 1; anything else is one error line (exit status 2) that
     names ``name`` where given."""
 
@@ -35,7 +35,7 @@ def _at_least_one(name: str | None = None):
     return parse
 
 
-_positive = _at_least_one()
+_positive = at_least_one()
 
 
 def warmup_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -63,7 +63,7 @@ def warmup_parser() -> argparse.ArgumentParser:
 
 def demo_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Declare the arguments of ``liger-portable demo`` on ``ap``."""
-    ap.add_argument("--steps", type=_at_least_one("--steps"), default=None, help="training steps per run (default 20 on a GPU, 10 on the CPU)")
+    ap.add_argument("--steps", type=at_least_one("--steps"), default=None, help="training steps per run (default 20 on a GPU, 10 on the CPU)")
     ap.add_argument("--device", default=None, help="torch device, e.g. cuda:1 or cpu (default: the detected GPU, else cpu)")
     ap.add_argument("--dtype", choices=sorted(DEMO_DTYPES), default=None, help="weight dtype (default bfloat16 on a GPU, float32 on the CPU)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON (progress still goes to stderr)")

@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from liger_portable._arguments import at_least_one  # noqa: E402  (torch-free)
 from liger_portable import compile_matrix as cm  # noqa: E402  (does not import Triton kernels)
 from liger_portable import configs  # noqa: E402
 from liger_portable.hardware import (  # noqa: E402
@@ -636,17 +637,6 @@ def default_cache_dir() -> Path:
     return Path(base) / "liger_portable" / "vendor_matrix"
 
 
-def _at_least_one(text: str) -> int:
-    """An argparse type: a whole number >= 1 (anything else is one error line, exit status 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def cache_problem(path: Path) -> str | None:
     """Why results cannot be stored under ``path``, or None if they can: the folder is created if
     missing, and a file is written in it and removed."""
@@ -691,7 +681,7 @@ def parse_args(argv=None):
     p.add_argument("--kernels", default=None, help="comma-separated spec names (default: every spec)")
     p.add_argument("--full", action="store_true", help="also the tuner's search space over every rule's config")
     p.add_argument("--ci", action="store_true", help="fewer problem sizes (every rule still hit); for CI")
-    p.add_argument("--jobs", type=_at_least_one, default=os.cpu_count() or 1, help="compile processes (default: CPUs)")
+    p.add_argument("--jobs", type=at_least_one("--jobs"), default=os.cpu_count() or 1, help="compile processes (default: CPUs)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help=f"result cache (default: {default_cache_dir()}; env LIGER_PORTABLE_MATRIX_CACHE)")
     p.add_argument("--tables-dir", type=Path, default=None, help="backends/ directory to check (default: the package's)")
