@@ -104,6 +104,34 @@ def _check_sequences(hidden: torch.Tensor, **per_token: torch.Tensor) -> None:
             raise ValueError(f"{name} must have shape {shape} (_input's first two dimensions)")
 
 
+def _check_reference_head(ref_input, ref_weight, ref_bias, weight: torch.Tensor, leading: tuple[int, ...]) -> None:
+    """The reference model's last hidden states ``ref_input`` ``(*leading, H_ref)`` and LM head
+    ``ref_weight`` ``(V, H_ref)``, V the policy head's (both log-probabilities over one vocabulary), and
+    ``ref_bias`` None or ``(V,)``: an error naming the argument otherwise."""
+    for name, t in (("ref_input", ref_input), ("ref_weight", ref_weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ref_input.dim() != len(leading) + 1 or tuple(ref_input.shape[:-1]) != leading:
+        raise ValueError(f"ref_input must have shape {leading + ('H_ref',)} (the reference model's last hidden "
+                         f"states for the target's positions), got {tuple(ref_input.shape)}")
+    vocab, hidden = weight.shape[0], ref_input.shape[-1]
+    if tuple(ref_weight.shape) != (vocab, hidden):
+        raise ValueError(f"ref_weight must have shape ({vocab}, {hidden}) (the policy head's vocabulary, ref_input's "
+                         f"hidden size), got {tuple(ref_weight.shape)}")
+    if ref_bias is not None and (not isinstance(ref_bias, torch.Tensor) or tuple(ref_bias.shape) != (vocab,)):
+        got = tuple(ref_bias.shape) if isinstance(ref_bias, torch.Tensor) else type(ref_bias).__name__
+        raise ValueError(f"ref_bias must be None or have shape ({vocab},), got {got}")
+
+
+def _reference_token_logps(ref_input, ref_weight, target, ref_bias, ignore_index: int) -> torch.Tensor:
+    """:func:`_token_logps` of the reference head (no gradient), its argument errors naming it."""
+    try:
+        with torch.no_grad():
+            return _token_logps(ref_input, ref_weight, target, ref_bias, ignore_index)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"the reference head (ref_input, ref_weight, ref_bias): {e}") from None
+
+
 def _token_logps(hidden, weight, target, bias, ignore_index: int) -> torch.Tensor:
     """``(2B, T)`` log-probability of each target token (0 where ignored), in float32 (float64 for
     float64 inputs), differentiable in hidden, weight and bias."""
@@ -380,7 +408,7 @@ def orpo_pair_losses(chosen: torch.Tensor, rejected: torch.Tensor, beta: float):
     """ORPO (arXiv 2403.07691) per pair from mean token log-probabilities: ``(losses, chosen_rewards,
     rejected_rewards, log_odds_ratio (mean), log_odds (mean))``; the loss is ``-beta log sigmoid`` of
     the log odds ratio."""
-    log_odds = (chosen - rejected) - (torch.log1p(-torch.exp(chosen)) - torch.log1p(-torch.exp(rejected)))
+    log_odds = (chosen - rejected) - (torch.log(-torch.expm1(chosen)) - torch.log(-torch.expm1(rejected)))
     ratio = TF.logsigmoid(log_odds)
     return -beta * ratio, beta * chosen, beta * rejected, ratio.mean(), log_odds.mean()
 
@@ -421,6 +449,12 @@ def fused_linear_dpo_loss(
         raise ValueError(f"label_smoothing must be in (0, 1) for loss_type='exo_pair' (EXO suggests 1e-3), got {label_smoothing}")
     if loss_type == "robust" and not label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5) for loss_type='robust', got {label_smoothing}")
+    if label_smoothing != 0.0 and loss_type not in ("exo_pair", "robust"):
+        warnings.warn(
+            f"label_smoothing={label_smoothing} has no effect with loss_type={loss_type!r} (as in liger-kernel): "
+            "only 'exo_pair' and 'robust' read it (TRL's conservative DPO, sigmoid with label smoothing, is not implemented)",
+            stacklevel=2,
+        )
     if loss_type == "sppo_hard" and beta == 0:
         raise ValueError("beta must be non-zero for loss_type='sppo_hard' (its targets are +-0.5 / beta)")
     if loss_type == "discopop":
@@ -429,7 +463,7 @@ def fused_linear_dpo_loss(
             raise ValueError(f"discopop_tau must be positive, got {discopop_tau!r}")
     _check_pairs("_input", _input, target)
     ref_chosen, ref_rejected = _reference_logps(
-        use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, target, _input, ignore_index, average_log_prob
+        use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, target, _input, weight, ignore_index, average_log_prob
     )
 
     def pair_fn(chosen, rejected, pairs):
@@ -444,14 +478,15 @@ def fused_linear_dpo_loss(
     return _result(loss, chosen, rejected, means, nll, aux)
 
 
-def _reference_logps(use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, target, hidden, ignore_index, average):
+def _reference_logps(use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, target, hidden, weight, ignore_index, average):
     """The reference's chosen and rejected sequence log-probabilities, ``(B,)`` each in the loss's dtype."""
     n, dtype = hidden.shape[0] // 2, torch.promote_types(hidden.dtype, torch.float32)
     if not use_ref_model:
         zero = torch.zeros(n, dtype=dtype, device=hidden.device)
         return zero, zero
     if ref_logps is not None:
-        if len(ref_logps) != 2 or any(tuple(t.shape) != (n,) for t in ref_logps):
+        if (not isinstance(ref_logps, (tuple, list, torch.Tensor)) or len(ref_logps) != 2
+                or any(not isinstance(t, torch.Tensor) or tuple(t.shape) != (n,) for t in ref_logps)):
             raise ValueError(f"ref_logps must be (chosen, rejected), each of shape {(n,)}")
         return tuple(t.detach().to(dtype) for t in ref_logps)
     if ref_input is None or ref_weight is None:
@@ -459,10 +494,9 @@ def _reference_logps(use_ref_model, ref_logps, ref_input, ref_weight, ref_bias, 
             "use_ref_model=True needs the reference model's log-probabilities: pass ref_input and ref_weight "
             "(its last hidden states and LM head), or ref_logps=(chosen, rejected); or use_ref_model=False"
         )
-    _check_pairs("ref_input", ref_input, target)
-    with torch.no_grad():
-        token_logps = _token_logps(ref_input, ref_weight, target, ref_bias, int(ignore_index))
-        logps = _sequence_logps(token_logps, target != ignore_index, average).to(dtype)
+    _check_reference_head(ref_input, ref_weight, ref_bias, weight, tuple(target.shape))
+    token_logps = _reference_token_logps(ref_input, ref_weight, target, ref_bias, int(ignore_index))
+    logps = _sequence_logps(token_logps, target != ignore_index, average).to(dtype)
     return logps[:n], logps[n:]
 
 
@@ -521,6 +555,16 @@ def fused_linear_cpo_loss(
     return _result(loss, chosen, rejected, means, nll, aux)
 
 
+def _check_kl(kl, b: int, device: torch.device) -> torch.Tensor:
+    """KTO's ``kl``: a number, a 0-dim tensor or one value per sequence ``(B,)``; detached."""
+    if not isinstance(kl, torch.Tensor):
+        kl = torch.tensor(check_real("kl", kl), device=device)
+    if not kl.is_floating_point() or tuple(kl.shape) not in ((), (b,)):
+        raise ValueError(f"kl must be a number, a 0-dim floating-point tensor or one per sequence, shape ({b},); "
+                         f"got {kl.dtype} of shape {tuple(kl.shape)}")
+    return kl.detach()
+
+
 def _check_smoothing(label_smoothing) -> float:
     value = check_nonneg_number("label_smoothing", label_smoothing)
     if not value <= 0.5:
@@ -558,21 +602,23 @@ def fused_linear_kto_loss(
     ref = None
     if use_ref_model:
         if ref_logps is not None:
-            if tuple(ref_logps.shape) != (b,):
-                raise ValueError(f"ref_logps must have shape ({b},), got {tuple(ref_logps.shape)}")
+            if not isinstance(ref_logps, torch.Tensor) or tuple(ref_logps.shape) != (b,):
+                got = tuple(ref_logps.shape) if isinstance(ref_logps, torch.Tensor) else type(ref_logps).__name__
+                raise ValueError(f"ref_logps must be a tensor of shape ({b},), got {got}")
             ref = ref_logps.detach().to(dtype)
         elif ref_input is None or ref_weight is None:
             raise ValueError("use_ref_model=True needs ref_logps, or ref_input and ref_weight; or use_ref_model=False")
         else:
+            _check_reference_head(ref_input, ref_weight, ref_bias, weight, tuple(target.shape))
             with torch.no_grad():
-                ref = _sequence_logps(_token_logps(ref_input, ref_weight, target, ref_bias, ignore_index), mask,
-                                      average_log_prob).to(dtype)
+                ref = _sequence_logps(_reference_token_logps(ref_input, ref_weight, target, ref_bias, ignore_index),
+                                      mask, average_log_prob).to(dtype)
     sign = torch.where(preference_labels, 1.0, -1.0).to(dtype)
-    shift = None if kl is None else kl.detach().to(dtype)
+    shift = None if kl is None else _check_kl(kl, b, _input.device).to(dtype)
 
     def sequence_losses(logps, seqs):
         ratios = logps if ref is None else logps - ref[seqs]
-        shifted = ratios if shift is None else ratios - shift
+        shifted = ratios if shift is None else ratios - (shift if shift.dim() == 0 else shift[seqs])
         return 1 - torch.sigmoid(beta * shifted * sign[seqs]), ratios
 
     plan = _one_pass_plan(_input, weight, target, bias, ignore_index, reduction, _input.shape[1])
@@ -708,7 +754,13 @@ def fused_linear_grpo_loss(
         raise ValueError(f"sapo_temperature_pos and sapo_temperature_neg must be positive, got {sapo_pos!r}, {sapo_neg!r}")
     vespo = tuple(check_real(name, v) for name, v in (("vespo_k_pos", vespo_k_pos), ("vespo_lambda_pos", vespo_lambda_pos),
                                                        ("vespo_k_neg", vespo_k_neg), ("vespo_lambda_neg", vespo_lambda_neg)))
-    _check_sequences(_input, selected_token_ids=selected_token_ids, attention_mask=attention_mask)
+    delta = None if delta is None else check_real("delta", delta)
+    if delta is not None and not delta > 0:
+        raise ValueError(f"delta must be positive (the upper clamp of the unclipped ratio; INTELLECT-2 takes it "
+                         f"above 1 + epsilon_high), got {delta!r}")
+    given = {name: t for name, t in (("old_per_token_logps", old_per_token_logps),
+                                     ("ref_per_token_logps", ref_per_token_logps)) if t is not None}
+    _check_sequences(_input, selected_token_ids=selected_token_ids, attention_mask=attention_mask, **given)
     shape = tuple(_input.shape[:2])
     if isinstance(vllm_is_ratio, torch.Tensor) and tuple(vllm_is_ratio.shape) == shape[:1]:
         vllm_is_ratio = vllm_is_ratio.unsqueeze(-1)  # one per sequence, as liger-kernel takes it too
@@ -736,14 +788,13 @@ def fused_linear_grpo_loss(
         if ref_per_token_logps is not None:
             ref = ref_per_token_logps.detach().to(dtype)
         elif ref_input is not None and ref_weight is not None:
-            with torch.no_grad():
-                ref_h, ref_b = over_temperature(ref_input, ref_bias)
-                ref = token_logps(ref_h, ref_weight, ref_b)
+            _check_reference_head(ref_input, ref_weight, ref_bias, weight, shape)
+            ref_h, ref_b = over_temperature(ref_input, ref_bias)
+            ref = _reference_token_logps(ref_h, ref_weight, selected_token_ids, ref_b, -100)
         else:
             raise ValueError("beta != 0 with use_ref_model=True needs ref_per_token_logps, or ref_input and "
                              "ref_weight; or beta=0 / use_ref_model=False")
     old_given = None if old_per_token_logps is None else old_per_token_logps.detach().to(dtype)
-    delta = None if delta is None else check_real("delta", delta)
     is_ratio = None if vllm_is_ratio is None else vllm_is_ratio.detach().to(dtype)
     if loss_type in ("grpo", "sapo"):
         lengths = mask.sum(-1).clamp(min=1.0)
@@ -840,8 +891,14 @@ def _chunk_terms(s, t, labels, keep, beta: float, temperature: float, w_hard: fl
       KL and ``-exp(lt - ls)`` for the forward KL; through the softmax, the logits get
       ``p * (g - sum(p * g))`` over ``temperature``, which for the forward KL is ``(p - q) / temperature``;
     * the cross-entropy's is ``softmax(s) - onehot(label)``.
+
+    A row whose label is neither a class nor ignored (``keep`` 1) gets a NaN loss and gradient, as the
+    fused linear cross-entropy gives on a GPU; an ignored row's label indexes nothing.
     """
     acc = torch.promote_types(s.dtype, torch.float32)
+    in_range = (labels >= 0) & (labels < s.shape[-1])
+    labels = torch.where(in_range, labels, 0)
+    nan_if_bad = torch.where(in_range | (keep == 0), 0.0, math.nan).to(acc)  # added to the row's hard loss and keep
     s, t = s.to(acc), t.to(acc)
     ls = torch.log_softmax(s / temperature if temperature != 1.0 else s, -1)
     lt = torch.log_softmax(t / temperature if temperature != 1.0 else t, -1)
@@ -859,16 +916,16 @@ def _chunk_terms(s, t, labels, keep, beta: float, temperature: float, w_hard: fl
         soft = beta * (lt.exp() * (lt - lm)).sum(-1) + (1 - beta) * (ls.exp() * (ls - lm)).sum(-1)
         g = (1 - beta) * (ls - lm)
     lse = torch.logsumexp(s, -1)
-    hard = lse - s.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    hard = lse - s.gather(-1, labels.unsqueeze(-1)).squeeze(-1) + nan_if_bad
     if grad_dtype is None:
         return hard, soft, None, None
     p = ls.exp()
     dsoft = p - q if g is None else p * (g - (p * g).sum(-1, keepdim=True))
-    keep = keep * scale
+    keep = (keep + nan_if_bad) * scale
     dlogits = dsoft * (keep * (w_soft / temperature)).unsqueeze(-1)
     if w_hard != 0.0:
         p_hard = p if temperature == 1.0 else torch.exp(s - lse.unsqueeze(-1))
-        onehot = torch.zeros_like(s).scatter_(-1, labels.clamp(min=0).unsqueeze(-1), 1.0)
+        onehot = torch.zeros_like(s).scatter_(-1, labels.unsqueeze(-1), 1.0)
         dlogits = dlogits + (p_hard - onehot) * (keep * w_hard).unsqueeze(-1)
     return hard, soft, dlogits.to(grad_dtype), dlogits.sum(0) if need_bias else None
 
@@ -1015,6 +1072,14 @@ def fused_linear_distillation_loss(
         raise ValueError(f"student_bias must have shape ({vocab},), got {tuple(student_bias.shape)}")
     if not isinstance(true_labels, torch.Tensor) or tuple(true_labels.shape) != (n,):
         raise ValueError(f"true_labels must have shape ({n},) (one per row of student_input)")
+    if true_labels.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"true_labels must hold class indices as torch.int64 (or torch.int32), got {true_labels.dtype}")
+    if true_labels.device.type == "cpu" and not torch.compiler.is_compiling():  # free on the CPU; a GPU gets NaN rows
+        bad = ((true_labels < 0) | (true_labels >= vocab)) & (true_labels != ignore_index)
+        if bad.any():
+            value = true_labels[bad][0].item()
+            raise ValueError(f"true_labels holds {value}, outside the {vocab} classes [0, {vocab - 1}] and not "
+                             f"ignore_index ({ignore_index}); fix the labels or pass ignore_index={value}")
     if teacher_logits is not None:
         if tuple(teacher_logits.shape) != (n, vocab):
             raise ValueError(f"teacher_logits must have shape ({n}, {vocab}) (tokens x the student's vocabulary), got {tuple(teacher_logits.shape)}")
@@ -1033,8 +1098,11 @@ def fused_linear_distillation_loss(
             with torch.no_grad():
                 logits = teacher_input[rows] @ teacher_weight.T
                 return logits if teacher_bias is None else logits + teacher_bias
+    if not torch.is_grad_enabled():  # (the Function's forward would still see the inputs' requires_grad)
+        student_input, student_weight = student_input.detach(), student_weight.detach()
+        student_bias = None if student_bias is None else student_bias.detach()
     loss, soft, hard = _FusedLinearDistillation.apply(
-        student_input, student_weight, student_bias, true_labels, teacher, beta, w_hard, w_soft, int(ignore_index),
+        student_input, student_weight, student_bias, true_labels.long(), teacher, beta, w_hard, w_soft, int(ignore_index),
         temperature, int(chunk_size),
     )
     return (loss, soft, hard) if return_soft_hard_loss else loss

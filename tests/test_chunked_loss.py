@@ -278,6 +278,63 @@ def test_errors_name_the_argument(call, match):
         call(h, w, t)
 
 
+def test_reference_head_and_ref_logps_errors_name_the_argument():
+    """The reference head is checked against the policy's (one vocabulary) and its errors name it;
+    a label smoothing that the loss type does not read warns."""
+    h, w, b, t, rh, rw = _inputs(B=2)
+    for kwargs, match in [
+        ({"ref_weight": torch.cat([rw, rw[:5]])}, r"ref_weight must have shape \(37, 16\)"),  # a larger vocabulary
+        ({"ref_weight": rw[:20]}, r"ref_weight must have shape \(37, 16\)"),
+        ({"ref_input": rh[:2]}, r"ref_input must have shape \(4, 9, 'H_ref'\)"),
+        ({"ref_bias": torch.zeros(36)}, "ref_bias must be None or have shape"),
+        ({"ref_weight": rw.double()}, r"the reference head \(ref_input, ref_weight, ref_bias\): .*dtype"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            C.fused_linear_dpo_loss(h, w, t, **{"ref_input": rh, "ref_weight": rw, **kwargs})
+    with pytest.raises(ValueError, match="ref_logps must be"):
+        C.fused_linear_dpo_loss(h, w, t, ref_logps=([0.0, 0.0], [0.0, 0.0]))
+    with pytest.warns(UserWarning, match="no effect with loss_type='sigmoid'"):
+        C.fused_linear_dpo_loss(h, w, t, use_ref_model=False, label_smoothing=0.1)
+
+
+def test_kto_and_grpo_errors_name_the_argument():
+    h, w, b, t, rh, rw = _inputs(B=2)
+    labels = torch.tensor([True, False, True, False])
+    scalar = C.fused_linear_kto_loss(h, w, t, preference_labels=labels, kl=torch.tensor(0.3))[0]
+    assert torch.equal(C.fused_linear_kto_loss(h, w, t, preference_labels=labels, kl=0.3)[0], scalar)
+    for kwargs, match in [
+        ({"kl": torch.zeros(4, 1)}, r"kl must be .* shape \(4,\)"),
+        ({"kl": torch.zeros(3)}, r"kl must be"),
+        ({"kl": "0.1"}, "kl must be a number"),
+        ({"use_ref_model": True, "ref_input": rh[:2], "ref_weight": rw}, "ref_input must have shape"),
+        ({"use_ref_model": True, "ref_logps": [0.0] * 4}, "ref_logps must be a tensor"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            C.fused_linear_kto_loss(h, w, t, preference_labels=labels, **kwargs)
+    h, w, b, ids, mask, adv, old, ref = _grpo_inputs(torch.float32)
+    for kwargs, match in [
+        ({"old_per_token_logps": old[:, :1]}, r"old_per_token_logps must have shape \(5, 11\)"),
+        ({"old_per_token_logps": old[0]}, "old_per_token_logps must have shape"),
+        ({"ref_per_token_logps": ref[:1]}, r"ref_per_token_logps must have shape \(5, 11\)"),
+        ({"ref_per_token_logps": None, "ref_input": h, "ref_weight": w[:, :8]}, "ref_weight must have shape"),
+        ({"delta": 0.0}, "delta must be positive"),
+        ({"delta": -1.0}, "delta must be positive"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            C.fused_linear_grpo_loss(h, w, ids, mask, adv, b, **{"ref_per_token_logps": ref, **kwargs})
+
+
+def test_orpo_log_odds_exact_near_zero():
+    """ORPO's ``log(1 - exp(x))`` of a mean log-probability near 0 (a near-certain completion) is
+    exact in float32 (``log1p(-exp(x))`` rounds ``exp(x)`` first: 0.1% off at -1e-5)."""
+    chosen = torch.tensor([-1e-5, -3e-3, -0.7])
+    rejected = torch.tensor([-2.0, -1e-6, -0.9])
+    log_odds = C.orpo_pair_losses(chosen, rejected, 0.1)[4]
+    c, r = chosen.double(), rejected.double()
+    want = ((c - r) - (torch.log(-torch.expm1(c)) - torch.log(-torch.expm1(r)))).mean()
+    assert rel_err(log_odds, want) <= 1e-6, (log_odds, want)
+
+
 class _TinyLM(torch.nn.Module):
     def __init__(self, V=41, H=24, seed=0):
         super().__init__()
@@ -378,12 +435,14 @@ def _check(loss, aux, leaves, want_loss, want_aux, want_leaves, dtype, aux_scale
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
 @pytest.mark.parametrize("use_ref", [False, True], ids=["noref", "ref"])
 @pytest.mark.parametrize("average", [False, True], ids=["sum", "mean"])
-def test_kto_matches_reference(use_ref, average, dtype, device="cpu"):
-    """KTO from float64 logits; ``device``: where our loss runs (the reference runs on the CPU)."""
+@pytest.mark.parametrize("per_sequence_kl", [False, True], ids=["kl", "kl-per-sequence"])
+def test_kto_matches_reference(use_ref, average, dtype, per_sequence_kl, device="cpu"):
+    """KTO from float64 logits, ``kl`` one number or one per sequence (liger-kernel's ``(B,)``);
+    ``device``: where our loss runs (the reference runs on the CPU)."""
     h, w, b, t, rh, rw = _inputs(dtype=dtype, seed=21)
     n = h.shape[0]
     labels = torch.tensor([True, False, True, True, False, False])
-    kl = torch.tensor(0.2)
+    kl = torch.tensor([0.2, -1.5, 0.9, 2.0, 0.1, -0.4]) if per_sequence_kl else torch.tensor(0.2)
     hd, wd, bd = _leaves(h, w, b)
     seq, tok, mask, logits = _logps(hd, wd, bd, t, average)
     ref_seq = _logps(rh.double(), rw.double(), None, t, average)[0] if use_ref else torch.zeros_like(seq)
@@ -420,11 +479,15 @@ def _spy_one_pass(monkeypatch, groups):
 @pytest.mark.parametrize("simulated_device", ["cuda-sm90", "rocm-gfx942", "xpu-xe-hpc"], indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_ids["dtype"])
 def test_kto_kernel_interpreter_one_pass(simulated_device, dtype, monkeypatch):
-    """KTO on the kernels takes the one-pass path (chunks of whole sequences: 4 of 6 sequences, then 2)."""
+    """KTO on the kernels takes the one-pass path (chunks of whole sequences: 4 of 6 sequences, then 2;
+    then one a chunk), a per-sequence ``kl`` taken per chunk."""
     calls = _spy_one_pass(monkeypatch, 4)
-    test_kto_matches_reference(True, True, dtype)
-    test_kto_matches_reference(False, False, dtype)
-    assert calls == [2, 2]
+    test_kto_matches_reference(True, True, dtype, False)
+    test_kto_matches_reference(False, False, dtype, False)
+    test_kto_matches_reference(True, False, dtype, True)
+    monkeypatch.setattr(C, "GROUPS_PER_CHUNK", 1)
+    test_kto_matches_reference(False, True, dtype, True)
+    assert calls == [2, 2, 2, 6]
 
 
 def _grpo_inputs(dtype, B=5, T=11, H=16, V=53, seed=31):
@@ -639,13 +702,14 @@ def test_kto_grpo_gpu(dtype, monkeypatch):
     float64 references above."""
     dev = torch.device(liger_portable.platform().torch_device_type, 0)
     calls = _spy_one_pass(monkeypatch, 2)
-    test_kto_matches_reference(True, True, dtype, device=dev)
+    test_kto_matches_reference(True, True, dtype, False, device=dev)
+    test_kto_matches_reference(False, True, dtype, True, device=dev)
     test_grpo_matches_reference("dapo", "token", dtype, device=dev)
     test_grpo_matches_reference("grpo", "sequence", dtype, device=dev)
     test_grpo_other_loss_types_match_reference("vespo", dtype, device=dev)
     test_grpo_other_loss_types_match_reference("sapo", dtype, device=dev)
     test_grpo_luspo_is_trls_mean("sequence", 0.0, device=dev)
-    assert calls == [3] * 6
+    assert calls == [3] * 7
 
 
 
@@ -752,6 +816,47 @@ def test_distillation_teacher_logits_and_scaling():
     ]:
         with pytest.raises(ValueError, match=match):
             C.fused_linear_distillation_loss(h, w, y, b, **kwargs)
+
+
+def test_distillation_labels():
+    """An ignore_index past the vocabulary (a padding id) indexes nothing; a label that is neither a
+    class nor ignored is an error naming true_labels on the CPU and, in the chunk as it runs on a GPU,
+    a NaN loss and gradient for that row alone."""
+    h, w, b, th, tw, tb, y = _distill_inputs(torch.float32)
+    V = w.shape[0]
+    want = _distill_reference(h, w, b, th, tw, tb, y, 0.5, 1.0, 0.5, 0.5)[0]
+    hl = h.clone().requires_grad_()
+    padded = C.fused_linear_distillation_loss(hl, w, torch.where(y == IGNORE, V, y), b, teacher_input=th,
+                                              teacher_weight=tw, teacher_bias=tb, ignore_index=V, chunk_size=8)
+    assert rel_err(padded, want) <= 1e-5
+    for bad in (-1, V):
+        with pytest.raises(ValueError, match=f"true_labels holds {bad}, outside the {V} classes"):
+            C.fused_linear_distillation_loss(h, w, torch.where(y == IGNORE, bad, y), b, teacher_logits=th @ tw.T)
+    with pytest.raises(TypeError, match="true_labels must hold class indices"):
+        C.fused_linear_distillation_loss(h, w, y.float(), b, teacher_logits=th @ tw.T)
+    # the chunk itself (what a GPU runs, unchecked): row 1's label is -1, row 2 is ignored with label -100
+    s, t = h[:4] @ w.T, th[:4] @ tw.T
+    labels, keep = torch.tensor([3, -1, IGNORE, 7]), torch.tensor([1.0, 1.0, 0.0, 1.0])
+    args = (0.5, 1.0, 0.5, 0.5, torch.tensor(0.25), torch.float32, False)
+    hard, soft, d, _ = C._chunk_terms(s, t, labels, keep, *args)
+    hard0, _, d0, _ = C._chunk_terms(s, t, torch.tensor([3, 0, IGNORE, 7]), keep, *args)
+    assert hard[1].isnan() and d[1].isnan().all() and not soft.isnan().any()
+    rows = [0, 2, 3]
+    assert torch.equal(hard[rows], hard0[rows]) and torch.equal(d[rows], d0[rows]) and d[rows].isfinite().all()
+
+
+def test_distillation_no_grad_computes_no_gradients(monkeypatch):
+    """Under torch.no_grad the chunks compute no gradient, even for parameters that require one."""
+    h, w, b, th, tw, tb, y = _distill_inputs(torch.float32)
+    wanted = []
+    real = C._terms_fn
+    monkeypatch.setattr(C, "_terms_fn", lambda device: (lambda *a: wanted.append(a[9]) or real(device)(*a)))
+    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    with torch.no_grad():
+        loss = C.fused_linear_distillation_loss(hl, wl, y, bl, teacher_logits=th @ tw.T, chunk_size=16)
+    assert loss.grad_fn is None and wanted == [None] * 3
+    C.fused_linear_distillation_loss(hl, wl, y, bl, teacher_logits=th @ tw.T, chunk_size=16)
+    assert wanted[3:] == [torch.float32] * 3
 
 
 @pytest.mark.gpu
