@@ -31,7 +31,8 @@ from .hardware import PlatformError, platform
 # Model and batch per device. A training step must keep the GPU busy for the kernels to show: on an
 # H200 the ~150M-parameter model below spends two thirds of its step waiting for the host to launch
 # kernels (each Triton launch costs more host time than an aten one), so GPUs with the memory for it
-# train a ~0.4B model on 16K tokens a step (Hugging Face's run peaks near 30 GiB there).
+# train a ~0.5B model (491.8M parameters) on 16K tokens a step (Hugging Face's run peaks near 30 GiB
+# there).
 # CPU: a toy that trains 10 steps in about a second.
 SIZES = {
     "gpu": {"model": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,

@@ -9,7 +9,8 @@
 #
 # Usage: [VAR=...] bash scripts/gpu_session.sh [-h|--help] [bench names...]
 #   bench names: the scripts/bench_<name>.py to run (default: rms_norm layer_norm fused_add_rms_norm glu
-#   rope; also cross_entropy, fused_linear_cross_entropy, train_step, resolve); `none` alone: no benchmarks.
+#   rope; also cross_entropy, fused_linear_cross_entropy, host_overhead, preference_loss, train_step,
+#   resolve); `none` alone: no benchmarks.
 #   name:--arg,value,... runs that bench with those arguments, e.g. cross_entropy:--sweep or
 #   train_step:--family,qwen2. An unknown name stops the session before anything runs.
 # Variables: CHECK=0 skips `liger-portable check`; TESTS=0 skips the GPU tests (TESTS='tests/test_rope.py'

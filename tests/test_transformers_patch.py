@@ -334,6 +334,34 @@ def test_classes_of_another_module_are_an_error(tmp_path):
         del sys.modules[spec.name]
 
 
+def test_own_causal_lm_class_around_transformers_modules_warns_that_its_loss_is_not_fused():
+    """A causal LM of its own class around transformers' LlamaModel (remote code reusing it): the
+    norms and MLPs are patched and a warning says the loss is not fused; transformers' base model
+    and other heads, whose loss there is none to fuse, patch without one."""
+    import warnings
+
+    from transformers import LlamaForSequenceClassification, LlamaModel
+
+    class OwnCausalLM(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.model = LlamaModel(config)
+            self.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    model = OwnCausalLM(tiny_config("llama"))
+    with pytest.warns(UserWarning, match="OwnCausalLM is not transformers' LlamaForCausalLM .* loss is not fused"):
+        lpt.patch(model)
+    assert type(model.model.norm).__module__ == "liger_portable.nn"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lpt.patch(OwnCausalLM(tiny_config("llama")), fused_linear_cross_entropy=False)
+        lpt.patch(LlamaModel(tiny_config("llama")))
+        config = tiny_config("llama")
+        config.pad_token_id = 0
+        lpt.patch(LlamaForSequenceClassification(config))
+
+
 def test_mixtral_experts_of_another_activation_keep_their_product(calls):
     """After apply_liger_kernel_to_mixtral(), a Mixtral built with another activation computes its
     own product (the class-level gate cannot check the config when it is replaced)."""

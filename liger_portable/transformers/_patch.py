@@ -28,6 +28,7 @@ import dataclasses
 import importlib
 import sys
 import types
+import warnings
 
 import torch
 from torch import nn
@@ -239,6 +240,16 @@ def _patch_instance(family: Family, model: nn.Module, *, rope, rms_norm, glu, lo
             "(remote code, trust_remote_code=True?), so nothing would be patched. Load the model with "
             "transformers' own classes (trust_remote_code=False)"
         )
+    if loss_mode is not None and not heads and not type(model).__module__.startswith("transformers."):
+        # A class of its own around transformers' modules (remote code reusing LlamaModel, say): its
+        # modules are patched, its forward cannot be; said rather than left to look fused.
+        warnings.warn(
+            f"{type(model).__name__} is not transformers' {family.causal_lm} and holds none: its {family.name} "
+            "norms and MLPs are patched, but its loss is not fused (its own forward builds the logits). Load "
+            "the model with transformers' classes for the fused loss, or pass fused_linear_cross_entropy=False "
+            "(and cross_entropy=False) to patch the modules alone",
+            stacklevel=3,
+        )
     for name, new in swaps:
         _set_child(model, name, new)
     for module in experts:
@@ -309,6 +320,10 @@ def patch(
             that is not a positive whole number or given without the fused loss, or a model with
             none of Hugging Face's classes of its family (remote code). Nothing is changed when it
             raises.
+
+    Warns:
+        UserWarning: a loss was asked for, but ``model`` is a class of its own (not transformers')
+            holding no causal-LM head of its family: its modules are patched, its loss is not fused.
     """
     _check_flags(cross_entropy, fused_linear_cross_entropy, rope=rope, rms_norm=rms_norm, swiglu=swiglu)
     chunk_mib = check_chunk_mib(chunk_mib)
