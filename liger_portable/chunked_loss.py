@@ -873,7 +873,7 @@ def fused_linear_grpo_loss(
 # --------------------------------------------------------------------------- distillation (JSD, forward and reverse KL)
 
 
-def _chunk_terms(s, t, labels, keep, beta: float, temperature: float, w_hard: float, w_soft: float, scale,
+def chunk_terms(s, t, labels, keep, beta: float, temperature: float, w_hard: float, w_soft: float, scale,
                  grad_dtype, need_bias: bool):
     """One chunk of the distillation loss from its student logits ``s`` and teacher logits ``t`` (rows,
     taken in float32, or float64 for float64 inputs): ``(hard, soft, dlogits, dbias)``.
@@ -930,7 +930,7 @@ def _chunk_terms(s, t, labels, keep, beta: float, temperature: float, w_hard: fl
     return hard, soft, dlogits.to(grad_dtype), dlogits.sum(0) if need_bias else None
 
 
-# Whether the distillation chunk (:func:`_chunk_terms`) runs compiled by torch.compile: None, on GPUs
+# Whether the distillation chunk (:func:`chunk_terms`) runs compiled by torch.compile: None, on GPUs
 # only (the CPU would pay seconds of compilation per new option set for little); True or False, always
 # or never (the tests compile it on the CPU).
 COMPILE_CHUNK: bool | None = None
@@ -939,16 +939,16 @@ COMPILE_CHUNK: bool | None = None
 compiled_chunk = None
 
 
-def _terms_fn(device: torch.device):
-    """:func:`_chunk_terms` for tensors on ``device``: compiled by torch.compile (its row-sized passes
+def terms_fn(device: torch.device):
+    """:func:`chunk_terms` for tensors on ``device``: compiled by torch.compile (its row-sized passes
     fused into a few kernels, without the chunk-sized float32 intermediates) where
     :data:`COMPILE_CHUNK` says so, else as it is; eager, with a warning, once the compiler failed."""
     global compiled_chunk
     compile_here = COMPILE_CHUNK if COMPILE_CHUNK is not None else device.type != "cpu"
     if not compile_here or compiled_chunk is False:
-        return _chunk_terms
+        return chunk_terms
     if compiled_chunk is None:
-        compiled = torch.compile(_chunk_terms, dynamic=False)
+        compiled = torch.compile(chunk_terms, dynamic=False)
 
         def terms(*args):
             global compiled_chunk
@@ -958,7 +958,7 @@ def _terms_fn(device: torch.device):
                 warnings.warn(f"torch.compile failed on the distillation loss's chunk ({type(e).__name__}: "
                               f"{str(e).splitlines()[0]}); running it eagerly, with more memory", stacklevel=2)
                 compiled_chunk = False
-                return _chunk_terms(*args)
+                return chunk_terms(*args)
 
         compiled_chunk = terms
     return compiled_chunk
@@ -966,7 +966,7 @@ def _terms_fn(device: torch.device):
 
 class _FusedLinearDistillation(torch.autograd.Function):
     """Chunks of ``chunk_size`` tokens: the student's and teacher's logits of a chunk, its loss and the
-    gradient of its student logits (:func:`_chunk_terms`), then the gradients of the student's hidden
+    gradient of its student logits (:func:`chunk_terms`), then the gradients of the student's hidden
     states, weight and bias by matrix products, in the forward (as the fused linear cross-entropy
     does); the backward scales them by the incoming gradient."""
 
@@ -985,7 +985,7 @@ class _FusedLinearDistillation(torch.autograd.Function):
         gb = torch.zeros(b.shape, dtype=acc, device=b.device) if b is not None and need[2] else None
         soft_total = h.new_zeros((), dtype=acc)
         hard_total = h.new_zeros((), dtype=acc)
-        terms = _terms_fn(h.device)
+        terms = terms_fn(h.device)
         for start in range(0, n, chunk_size):
             rows = slice(start, min(start + chunk_size, n))
             hc, yc = h[rows], labels[rows]

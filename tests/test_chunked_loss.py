@@ -838,8 +838,8 @@ def test_distillation_labels():
     s, t = h[:4] @ w.T, th[:4] @ tw.T
     labels, keep = torch.tensor([3, -1, IGNORE, 7]), torch.tensor([1.0, 1.0, 0.0, 1.0])
     args = (0.5, 1.0, 0.5, 0.5, torch.tensor(0.25), torch.float32, False)
-    hard, soft, d, _ = C._chunk_terms(s, t, labels, keep, *args)
-    hard0, _, d0, _ = C._chunk_terms(s, t, torch.tensor([3, 0, IGNORE, 7]), keep, *args)
+    hard, soft, d, _ = C.chunk_terms(s, t, labels, keep, *args)
+    hard0, _, d0, _ = C.chunk_terms(s, t, torch.tensor([3, 0, IGNORE, 7]), keep, *args)
     assert hard[1].isnan() and d[1].isnan().all() and not soft.isnan().any()
     rows = [0, 2, 3]
     assert torch.equal(hard[rows], hard0[rows]) and torch.equal(d[rows], d0[rows]) and d[rows].isfinite().all()
@@ -849,8 +849,8 @@ def test_distillation_no_grad_computes_no_gradients(monkeypatch):
     """Under torch.no_grad the chunks compute no gradient, even for parameters that require one."""
     h, w, b, th, tw, tb, y = _distill_inputs(torch.float32)
     wanted = []
-    real = C._terms_fn
-    monkeypatch.setattr(C, "_terms_fn", lambda device: (lambda *a: wanted.append(a[9]) or real(device)(*a)))
+    real = C.terms_fn
+    monkeypatch.setattr(C, "terms_fn", lambda device: (lambda *a: wanted.append(a[9]) or real(device)(*a)))
     hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
     with torch.no_grad():
         loss = C.fused_linear_distillation_loss(hl, wl, y, bl, teacher_logits=th @ tw.T, chunk_size=16)
