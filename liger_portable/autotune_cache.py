@@ -22,13 +22,19 @@ kernel declares (:class:`~liger_portable.specs.KernelSpec.bucket`).
 
 Robustness rules (no cache problem ever stops training):
 
-* A corrupt, truncated or foreign-format file is skipped with one warning per file and process;
-  the next :func:`record` into it replaces it (nothing of it is kept).
-* :func:`record` takes an exclusive ``fcntl.flock`` on the sidecar ``<file>.lock``, re-reads the
-  file, merges, writes a temporary file in the same folder, fsyncs it and ``os.replace``-s it over
-  the cache file: concurrent writers lose nothing and a reader never sees half a file. Without
-  ``fcntl`` (Windows) writes go unlocked, with one warning.
-* An unwritable location degrades to an in-memory overlay (one warning); lookups see it first.
+* A corrupt, truncated or older-format file is skipped with one warning per file and process;
+  the next :func:`record` into it replaces it (nothing of it is kept). A file of a newer format
+  (another install sharing the folder) or one this process cannot read is skipped and never
+  replaced: the entry stays in memory.
+* :func:`record` takes an exclusive ``fcntl.flock`` on the sidecar ``<file>.lock`` (waiting at most
+  :data:`WRITE_LOCK_TIMEOUT_S`), re-reads the file, merges, writes a temporary file in the same
+  folder, fsyncs it and ``os.replace``-s it over the cache file: concurrent writers lose nothing
+  and a reader never sees half a file. (Where ``flock`` does not reach other hosts, an NFS mount
+  with ``nolock`` say, writers on different nodes can drop each other's entries: a re-tune, never a
+  wrong config.) Without ``fcntl`` (Windows) writes go unlocked, with one warning. Files are
+  created with the permissions the umask leaves, so a team's group-writable folder is shared.
+* An unwritable location degrades to an in-memory overlay (one warning); lookups see it first,
+  and the next successful write saves it.
 
 Run-time tuning across processes (:func:`liger_portable.tuning.runtime.autotune_miss`) serialises
 on a second lock file per device model, ``<file>.tune.lock`` (:func:`tuning_lock`), held while one
@@ -123,6 +129,13 @@ def parse(p: Path) -> dict:
     except Exception as e:  # noqa: BLE001 - never let the cache stop a run
         _warn_once(f"bad:{p}", f"liger_portable: skipping unreadable autotune cache {p}: {e!r}")
         return {}
+    if _newer_format(data):
+        _warn_once(
+            f"bad:{p}",
+            f"liger_portable: skipping autotune cache {p}: written by a newer liger-portable (format "
+            f"{data['format']}, this one reads {FORMAT}); the table defaults apply, and the file is kept",
+        )
+        return {}
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
         _warn_once(
             f"bad:{p}",
@@ -131,6 +144,12 @@ def parse(p: Path) -> dict:
         )
         return {}
     return data["entries"]
+
+
+def _newer_format(data: object) -> bool:
+    """Whether parsed cache ``data`` says it was written by a newer version (a format above ours)."""
+    fmt = data.get("format") if isinstance(data, dict) else None
+    return isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > FORMAT
 
 
 def read(path: str) -> dict:
@@ -278,12 +297,17 @@ def _held(fd: int, timeout: float | None) -> Iterator[bool]:
 
 
 def _open_lock_file(path: Path) -> int:
-    """Open (or create) a lock file for writing, refusing a symbolic link or anything but a regular
-    file: a link planted in a shared cache folder would otherwise have its target truncated and
-    written. Raises ``OSError`` naming the file."""
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    """Open (or create) a lock file, refusing a symbolic link or anything but a regular file: a link
+    planted in a shared cache folder would otherwise have its target truncated and written. Created
+    with the permissions the umask leaves (a team's group-writable folder stays usable by all); one
+    another user created and this one may not write is opened to read (flock needs no more). Raises
+    ``OSError`` naming the file."""
+    extra = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, flags, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | extra, 0o666)
+        except PermissionError:
+            fd = os.open(path, os.O_RDONLY | extra)  # exists, another user's: lock it to read
     except OSError as e:
         if os.path.islink(path):
             raise OSError(e.errno, f"{path} is a symbolic link; the package writes only regular files there: "
@@ -295,10 +319,18 @@ def _open_lock_file(path: Path) -> int:
     return fd
 
 
+# A write holds its lock for milliseconds; one held longer belongs to a stopped or hung process (or a
+# lock a crashed node left on a network file system): the writer then keeps its entry in memory.
+WRITE_LOCK_TIMEOUT_S = 60.0
+
+_writer_lock = threading.Lock()  # one writer of this process at a time (the file lock serialises processes)
+
+
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """Exclusive inter-process lock on ``<path>.lock`` (plus a thread lock in this process)."""
-    with _state_lock:
+    """Exclusive inter-process lock on ``<path>.lock`` (plus a thread lock in this process); an
+    ``OSError`` naming the lock file if another process holds it for :data:`WRITE_LOCK_TIMEOUT_S`."""
+    with _writer_lock:
         if fcntl is None:  # pragma: no cover - Windows
             _warn_once(
                 "nolock",
@@ -307,9 +339,13 @@ def _locked(path: Path) -> Iterator[None]:
             )
             yield
             return
-        fd = _open_lock_file(path.with_name(path.name + ".lock"))
+        lock = path.with_name(path.name + ".lock")
+        fd = _open_lock_file(lock)
         try:
-            with _held(fd, None):
+            with _held(fd, WRITE_LOCK_TIMEOUT_S) as got:
+                if not got:
+                    raise OSError(errno.ETIMEDOUT, f"another process held {lock} for {WRITE_LOCK_TIMEOUT_S:g} s "
+                                                   "(stopped or hung?)")
                 yield
         finally:
             os.close(fd)
@@ -330,8 +366,8 @@ def tuning_lock_file(device: DeviceInfo) -> Path:
 def lock_holder(device: DeviceInfo) -> str:
     """Who took ``device``'s tuning lock last (``host pid N``), for messages; ``""`` if unknown."""
     try:
-        return tuning_lock_file(device).read_text().strip()
-    except OSError:
+        return tuning_lock_file(device).read_bytes()[:200].decode("utf-8", "replace").strip()
+    except Exception:  # noqa: BLE001 - for a message only
         return ""
 
 
@@ -390,6 +426,22 @@ def _remove_stale_tmp(path: Path) -> None:
             pass
 
 
+_UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+
+
+def _new_file_mode() -> int:
+    """``0o666`` less this process's umask: the mode ``open()`` gives a new file. Read from
+    /proc on Linux (setting the umask to read it would race with other threads); else 0o644."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o644
+
+
 def _atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync, and rename it over ``path``
     (removing temporary files that killed writers left)."""
@@ -399,8 +451,15 @@ def _atomic_write(path: Path, text: str) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+            try:
+                os.fsync(f.fileno())
+            except OSError as e:  # some FUSE mounts do not sync files
+                if e.errno not in _UNSUPPORTED:
+                    raise
+        try:  # mkstemp's 0600 widened to what the umask allows a new file (a team's folder stays shared)
+            os.chmod(tmp, _new_file_mode())
+        except OSError:  # CIFS, gcsfuse and others refuse chmod
+            pass
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -418,15 +477,35 @@ def _atomic_write(path: Path, text: str) -> None:
         pass
 
 
+def _entries_to_keep(path: Path) -> dict:
+    """The entries of ``path`` that a write must keep: ``{}`` if it is missing, or corrupt or of an
+    older or foreign format (it is replaced; :func:`parse` warns once); ``OSError`` if it cannot be
+    read now (another user's file, a network error) or was written by a newer version (format above
+    :data:`FORMAT`), rather than replace entries this process cannot see."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        data = None
+    if _newer_format(data):
+        raise OSError(errno.EEXIST, f"{path} was written by a newer liger-portable (format {data['format']}, "
+                                    f"this one writes {FORMAT}); not replaced")
+    return parse(path)
+
+
 def write_entries(path: Path, device_name: str, new: Mapping[str, dict]) -> None:
     """Merge ``new`` into cache file ``path`` under the lock (lock, re-read, merge, atomic replace).
 
     A corrupt or foreign file is replaced by one holding only ``new``. Raises ``OSError`` if the
-    location is not writable (:func:`record` turns that into the in-memory overlay).
+    location is not writable, the file cannot be read or was written by a newer version
+    (:func:`record` turns that into the in-memory overlay).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
-        current = parse(path)
+        current = _entries_to_keep(path)
         merged = {**current, **new}
         data = {"format": FORMAT, "device": device_name, "entries": dict(sorted(merged.items()))}
         _atomic_write(path, json.dumps(data, indent=1) + "\n")
@@ -443,6 +522,19 @@ def make_entry(config: Mapping[str, Any], time_ms: float | None, default_ms: flo
         "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "versions": {"torch": p.torch_version, "triton": p.triton_version},
     }
+
+
+def _write_fix(e: BaseException, path: Path) -> str:
+    """What to do about a failed write of cache file ``path``, for the warning."""
+    other = f"or set {_paths.ENV_CACHE_DIR} to a folder of your own on a local disk."
+    if isinstance(e, NoTuningLock):
+        return f"this file system does not lock files: set {_paths.ENV_CACHE_DIR} to a folder on a local disk."
+    if isinstance(e, PermissionError) and os.access(path.parent, os.W_OK | os.X_OK):
+        return (f"a file of {path.name} in {path.parent} belongs to another user: make it group-writable "
+                f"(and the folder not sticky), or remove it, {other}")
+    if isinstance(e, OSError) and e.errno == errno.EEXIST:
+        return f"use the newer liger-portable here too, {other}"
+    return f"make {path.parent} writable, {other}"
 
 
 def record(
@@ -462,17 +554,26 @@ def record(
     key = entry_key(spec, named_problem, dtype)
     entry = make_entry(config, time_ms, default_ms)
     path = user_cache_file(device)
+    with _state_lock:
+        kept = dict(_overlay.get(str(path), {}))  # entries an earlier failed write kept in memory
     try:
-        write_entries(path, device.name, {key: entry})
+        write_entries(path, device.name, {**kept, key: entry})
     except Exception as e:  # noqa: BLE001 - OSError mostly; never let the cache stop a run
         with _state_lock:
             _overlay.setdefault(str(path), {})[key] = entry
         _warn_once(
             f"unwritable:{path}",
             f"liger_portable: cannot write the autotune cache {path}: {e}; tuned configs are kept in "
-            f"memory for this process only. Fix: make {path.parent} writable, or set "
-            f"{_paths.ENV_CACHE_DIR} to a writable folder.",
+            f"memory for this process only. Fix: {_write_fix(e, path)}",
         )
+    else:
+        with _state_lock:
+            left = _overlay.get(str(path))
+            if left is not None:
+                for k in kept:
+                    left.pop(k, None)
+                if not left:
+                    del _overlay[str(path)]
     for hook in list(_write_hooks):
         hook()
     return key

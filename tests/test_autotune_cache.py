@@ -154,7 +154,7 @@ BAD_FILES = {
     "truncated": b'{"format": 1, "device": "NVIDIA H200", "entries": {"rms_norm_fwd|abc',
     "garbage": b"\xff\xfe\x00garbage\x80",
     "empty": b"",
-    "foreign-format": json.dumps({"format": 99, "device": "NVIDIA H200", "entries": {"x": {}}}).encode(),
+    "older-format": json.dumps({"format": 0, "device": "NVIDIA H200", "entries": {"x": {}}}).encode(),
     "foreign-shape": json.dumps([1, 2, 3]).encode(),
 }
 
@@ -176,6 +176,112 @@ def test_bad_file_warns_once_then_is_repaired_by_next_write(content):
     data = load(path)
     assert data["format"] == autotune_cache.FORMAT and list(data["entries"]) == [key]  # nothing kept
     assert hits == [(CFG, "user cache NVIDIA_H200.json")]
+
+
+def test_newer_format_file_is_kept_and_the_entry_stays_in_memory():
+    """A file a newer version wrote (a higher format) is neither read nor replaced: another install
+    sharing the folder keeps its entries; this process keeps its own in memory, with a warning."""
+    path = user_file()
+    path.parent.mkdir(parents=True)
+    newer = json.dumps({"format": autotune_cache.FORMAT + 1, "device": "NVIDIA H200", "entries": {"x": {}}}).encode()
+    path.write_bytes(newer)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        assert list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
+        autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    msgs = [str(w.message) for w in rec]
+    assert any("written by a newer liger-portable" in m and "the file is kept" in m for m in msgs), msgs
+    assert any("cannot write the autotune cache" in m and "use the newer liger-portable" in m for m in msgs), msgs
+    assert path.read_bytes() == newer
+    assert list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == [(CFG, "user cache NVIDIA_H200.json (in memory)")]
+
+
+def test_files_of_a_shared_folder_take_the_umask(monkeypatch):
+    """The cache and its lock files get the permissions the umask leaves (a team's group-writable
+    folder stays writable by all its users, not only by whoever wrote first); a lock file another
+    user owns and this one may not write is opened to read, which is all flock needs."""
+    old = os.umask(0o002)
+    try:
+        autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    finally:
+        os.umask(old)
+    path = user_file()
+    for f in (path, path.with_name(path.name + ".lock")):
+        assert f.stat().st_mode & 0o777 == 0o664, (f, oct(f.stat().st_mode))
+    real_open = os.open
+
+    def not_ours(p, flags, *mode):
+        if str(p).endswith(".lock") and flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_open(p, flags, *mode)
+
+    monkeypatch.setattr(autotune_cache.os, "open", not_ours)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        key = autotune_cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
+    assert key in load(path)["entries"] and len(load(path)["entries"]) == 2
+
+
+def test_a_refused_chmod_or_fsync_still_writes(monkeypatch):
+    """File systems that refuse chmod (CIFS, gcsfuse) or fsync (some FUSE mounts) keep the cache
+    on disk: both are best effort."""
+    import errno
+
+    def no_chmod(*a, **k):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    def no_fsync(fd):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(autotune_cache.os, "chmod", no_chmod)
+    monkeypatch.setattr(autotune_cache.os, "fsync", no_fsync)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        key = autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    assert list(load(user_file())["entries"]) == [key] and not autotune_cache.in_memory_only(H200)
+
+
+def test_a_held_write_lock_times_out_and_a_later_write_saves_what_memory_kept(monkeypatch):
+    """A write lock held by a stopped process makes record() keep the entry in memory after a
+    bounded wait (it waited forever), naming the lock file; once a write succeeds again, the
+    entries kept in memory are written with it and the cache is shared again (tuning lock too)."""
+    import fcntl
+
+    monkeypatch.setattr(autotune_cache, "WRITE_LOCK_TIMEOUT_S", 0.2)
+    path = user_file()
+    path.parent.mkdir(parents=True)
+    lock = path.with_name(path.name + ".lock")
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)  # another open file: flock excludes it too
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    import threading
+
+    done = []
+    try:  # in a thread, so that a wait without end fails the test instead of hanging it
+        writer = threading.Thread(target=lambda: done.append(
+            autotune_cache.record(SPEC, H200, rows(0), torch.bfloat16, CFG, 0.05, 0.06)), daemon=True)
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            writer.start()
+            writer.join(10)
+        assert done, "record() still waits on the held write lock"
+        first = done[0]
+        assert any(f"held {lock}" in str(w.message) and "cannot write the autotune cache" in str(w.message) for w in rec)
+        assert autotune_cache.in_memory_only(H200)
+    finally:
+        os.close(holder)
+    second = autotune_cache.record(SPEC, H200, rows(1), torch.bfloat16, CFG, 0.05, 0.06)
+    assert set(load(path)["entries"]) == {first, second}
+    assert not autotune_cache.in_memory_only(H200)
+    with autotune_cache.tuning_lock(H200, 1.0) as got:
+        assert got
+
+
+def test_lock_holder_of_a_foreign_lock_file_is_a_string():
+    """The tuning lock's holder line is for messages: bytes that are not UTF-8 never raise."""
+    f = autotune_cache.tuning_lock_file(H200)
+    f.parent.mkdir(parents=True)
+    f.write_bytes(b"\xff\xfe host \x80 pid 7\n")
+    assert "pid 7" in autotune_cache.lock_holder(H200)
 
 
 def test_bad_file_repaired_by_write_without_prior_read():
