@@ -324,6 +324,17 @@ def test_kto_and_grpo_errors_name_the_argument():
             C.fused_linear_grpo_loss(h, w, ids, mask, adv, b, **{"ref_per_token_logps": ref, **kwargs})
 
 
+def test_kto_reductions():
+    """KTO's ``sum`` is B times its ``mean`` and ``none`` gives each sequence's loss, in float64."""
+    h, w, b, t, rh, rw = _inputs(B=2, dtype=torch.float64)
+    labels = torch.tensor([True, False, False, True])
+    kw = dict(preference_labels=labels, kl=torch.tensor([0.3, -0.2, 0.1, 0.0], dtype=torch.float64))
+    mean = C.fused_linear_kto_loss(h, w, t, b, **kw)[0]
+    total = C.fused_linear_kto_loss(h, w, t, b, reduction="sum", **kw)[0]
+    each = C.fused_linear_kto_loss(h, w, t, b, reduction="none", **kw)[0]
+    assert each.shape == (4,) and rel_err(total, 4 * mean) <= 1e-12 and rel_err(each.sum(), total) <= 1e-12
+
+
 def test_orpo_log_odds_exact_near_zero():
     """ORPO's ``log(1 - exp(x))`` of a mean log-probability near 0 (a near-certain completion) is
     exact in float32 (``log1p(-exp(x))`` rounds ``exp(x)`` first: 0.1% off at -1e-5)."""
