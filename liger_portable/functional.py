@@ -518,6 +518,7 @@ def cross_entropy(
     softcap: float | None = None,
     return_z_loss: bool = False,
     inplace_backward: bool = False,
+    loss_dtype: torch.dtype | None = None,
 ):
     """Cross-entropy of class scores against class indices, with Liger-Kernel's options; loss and
     gradient are computed in one pass over the logits (the gradient is kept for the backward).
@@ -554,9 +555,12 @@ def cross_entropy(
             for a caller that owns the logits: after the call they hold the gradient, not the
             logits, and backward can run once. Ignored under torch.compile, on the CPU path and
             where rows of ``logits`` share memory (an expanded tensor).
+        loss_dtype: the dtype of the returned loss (and z-loss): None for the logits dtype, as
+            torch's; ``torch.float32`` keeps the float32 sums the loss is computed in (Hugging
+            Face's loss of bf16 logits, which it upcasts first, without a float32 copy of them).
 
     Returns:
-        The loss in the logits dtype (a scalar, or per-row for ``"none"``); ``(loss, z_loss)`` with
+        The loss in ``loss_dtype`` (a scalar, or per-row for ``"none"``); ``(loss, z_loss)`` with
         ``return_z_loss``.
     """
     check_float("logits", logits)
@@ -569,6 +573,8 @@ def cross_entropy(
     _check_ignore_index_fits(target, ignore_index)
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be True or False, got {inplace_backward!r}")
+    if loss_dtype is not None and loss_dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"loss_dtype must be None (the logits dtype) or a floating-point torch.dtype, got {loss_dtype!r}")
     device = same_device(logits=logits, target=target)
     n_classes = logits.shape[-1]
     if n_classes == 0:
@@ -577,13 +583,15 @@ def cross_entropy(
     dev = _kernel_device(_ce_ops, device, logits)
     if dev is None:
         return fallback.cross_entropy(
-            logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss
+            logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss,
+            loss_dtype,
         )
     rows = _rows(logits, inplace_backward)
     if inplace_backward and rows.shape[0] > 1 and rows.stride(0) < rows.shape[1]:
         inplace_backward = False  # rows that share memory (an expanded tensor): one row's gradient would overwrite another's logits
     loss, z = _ce_ops.cross_entropy(
         rows, _flat(target), ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace_backward, dev,
+        loss_dtype,
     )
     return _loss_result(loss, z, target, reduction, return_z_loss)
 

@@ -95,7 +95,7 @@ def _scale_for(dloss, reduction, count, n_rows):
 
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction):
+    def forward(ctx, logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, loss_dtype):
         want = ctx.needs_input_grad[0]
         n_rows, n_cols = logits.shape
         cd = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -116,7 +116,7 @@ class _CrossEntropy(torch.autograd.Function):
         if want:
             ctx.save_for_backward(grad, count)
         ctx.reduction = reduction
-        loss, z = _reduce(loss_rows, z_rows, reduction, count, logits.dtype)
+        loss, z = _reduce(loss_rows, z_rows, reduction, count, loss_dtype or logits.dtype)
         ctx.mark_non_differentiable(z)
         return loss, z
 
@@ -125,19 +125,19 @@ class _CrossEntropy(torch.autograd.Function):
     def backward(ctx, dloss, _dz):
         grad, count = ctx.saved_tensors
         f = _scale_for(dloss, ctx.reduction, count, grad.shape[0])
-        return as_dtype(grad * f, grad.dtype), None, None, None, None, None, None
+        return as_dtype(grad * f, grad.dtype), None, None, None, None, None, None, None
 
 
 def cross_entropy(
     logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float,
-    lse_square_scale: float, softcap: float | None, return_z_loss: bool,
+    lse_square_scale: float, softcap: float | None, return_z_loss: bool, loss_dtype: torch.dtype | None = None,
 ):
     """Cross-entropy of ``logits`` (..., V) against integer ``target`` (...); see
     :func:`liger_portable.functional.cross_entropy` for the options. Returns the loss, or
-    ``(loss, z_loss)`` with ``return_z_loss``."""
+    ``(loss, z_loss)`` with ``return_z_loss``, in ``loss_dtype`` (None: the logits dtype)."""
     x = logits.reshape(-1, logits.shape[-1])
     t = target.reshape(-1)
-    loss, z = _CrossEntropy.apply(x, t, ignore_index, label_smoothing, lse_square_scale, softcap, reduction)
+    loss, z = _CrossEntropy.apply(x, t, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, loss_dtype)
     if reduction == "none":
         loss, z = loss.view(target.shape), z.view(target.shape)
     return (loss, z) if return_z_loss else loss

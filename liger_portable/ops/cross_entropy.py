@@ -321,7 +321,8 @@ def _(logits, target, ignore_index, label_smoothing, lse_square_scale, softcap):
 class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace, dev
+        ctx, logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace, dev,
+        loss_dtype,
     ):
         ctx.reduction = reduction
         if torch.compiler.is_compiling():
@@ -331,7 +332,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             )
             scale = mean_scale(target, ignore_index) if reduction == "mean" else None
             loss, z = _reduce(
-                loss_rows, z_rows if lse_square_scale != 0.0 else None, reduction, scale, logits.dtype
+                loss_rows, z_rows if lse_square_scale != 0.0 else None, reduction, scale, loss_dtype or logits.dtype
             )
             ctx.save_for_backward(grad, scale)
         else:
@@ -352,7 +353,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             ctx.grad = grad
             ctx.done = False
             ctx.dev = dev
-            loss, z = _reduce(loss_rows, z_rows, reduction, scale, logits.dtype)
+            loss, z = _reduce(loss_rows, z_rows, reduction, scale, loss_dtype or logits.dtype)
             if z is None:  # eager: no tensor made for an output nobody reads
                 return loss, None
         if z is None:
@@ -370,7 +371,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             if ctx.reduction == "mean":
                 dloss_rows = dloss_rows * scale
             dloss_rows = dloss_rows.reshape(-1, 1)  # one factor per row, or one for all rows
-            return (grad * dloss_rows).to(grad.dtype), None, None, None, None, None, None, None, None
+            return (grad * dloss_rows).to(grad.dtype), None, None, None, None, None, None, None, None, None
         if ctx.done:
             raise RuntimeError(
                 "liger_portable cross_entropy can run backward only once: the gradient computed in the "
@@ -382,7 +383,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         ctx.grad = None
         if dloss is not None:
             scale_rows_(grad, dloss.reshape(-1).to(torch.float32), dev=ctx.dev)
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 _apply_cross_entropy = eager_apply(_CrossEntropyFunction, 2)
@@ -391,16 +392,17 @@ _apply_cross_entropy = eager_apply(_CrossEntropyFunction, 2)
 def cross_entropy(
     logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
     lse_square_scale: float, softcap: float | None, reduction: str, inplace: bool, dev=None,
+    loss_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Differentiable cross-entropy of 2-D ``logits`` (last dimension contiguous) and 1-D ``target``.
 
-    Returns ``(loss, z_loss)`` reduced per ``reduction``, in the logits dtype; ``z_loss`` is None
+    Returns ``(loss, z_loss)`` reduced per ``reduction``, in ``loss_dtype`` (None: the logits dtype); ``z_loss`` is None
     without ``lse_square_scale``. ``inplace``: the gradient is written over ``logits`` during the
     forward (no memory beyond the logits); ignored under torch.compile. ``dev`` is the
     :class:`~liger_portable.DeviceInfo` of ``logits`` where the caller has it (None: looked up).
     """
     loss, z = _apply_cross_entropy(
-        logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace, dev
+        logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, inplace, dev, loss_dtype
     )
     return loss, z if lse_square_scale != 0.0 else None
 

@@ -20,8 +20,8 @@ Two loss modes:
 * ``"ce"`` (``cross_entropy=True``): the logits are built as usual and the loss is
   :func:`liger_portable.functional.cross_entropy` of them.
 
-The loss is returned in float32 like Hugging Face's (computed in fp32 inside the kernels; for a
-bf16 or fp16 model it passes through the model's dtype on the way out).
+The loss is returned in float32 like Hugging Face's: the kernels sum it in float32 and hand it
+back so (the logits, where built, are not copied to float32 for it).
 """
 
 from __future__ import annotations
@@ -103,8 +103,9 @@ def _flce_loss(hidden, weight, bias, labels, softcap, chunk_mib=None, *, num_ite
 
 def _ce_loss(logits, labels, *, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **_):
     target = _targets(labels, ignore_index, shift_labels, logits.device)
-    loss = F.cross_entropy(
-        logits, target, ignore_index=ignore_index, reduction="sum" if num_items_in_batch is not None else "mean"
+    loss = F.cross_entropy(  # a float32 loss, as Hugging Face's of upcast logits (no float32 copy of them)
+        logits, target, ignore_index=ignore_index, reduction="sum" if num_items_in_batch is not None else "mean",
+        loss_dtype=torch.float32,
     )
     return _finish(loss, num_items_in_batch)
 
