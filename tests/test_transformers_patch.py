@@ -616,6 +616,38 @@ def test_autocast_bf16(family):
     assert rel_err(grads, ref_grads) <= 3e-2
 
 
+def test_float32_head_of_a_bf16_model_under_autocast(calls):
+    """A float32 LM head in a bf16 model under autocast (kept in float32 on purpose): the fused loss
+    takes the head in autocast's dtype, as autocast hands it to nn.Linear (it raised a dtype
+    error), with Hugging Face's loss and head gradient up to bf16 rounding."""
+    ref, model = tiny_model("llama", torch.bfloat16, seed=17), tiny_model("llama", torch.bfloat16, seed=17)
+    for m in (ref, model):
+        m.lm_head.float()
+    lpt.patch(model)
+    data = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref_out = model(**data), ref_call(ref, **data)
+    assert out.logits is None and calls.get("fused_linear_cross_entropy", 0) == 1
+    assert abs(out.loss.item() - ref_out.loss.item()) <= 1e-2 * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert model.lm_head.weight.grad.dtype == torch.float32
+    assert rel_err(model.lm_head.weight.grad, ref.lm_head.weight.grad) <= 3e-2
+
+
+def test_head_with_its_own_forward_builds_the_logits(calls):
+    """An LM head whose instance ``forward`` was replaced (accelerate's device-map and offload hooks
+    do this; its weight may then be a meta placeholder) is called, not bypassed by the fused loss."""
+    ref, model = tiny_model("llama", seed=18), lpt.patch(tiny_model("llama", seed=18))
+    for m in (ref, model):
+        plain = m.lm_head.forward
+        m.lm_head.forward = lambda h, plain=plain: plain(h) * 0.5
+    data = batch()
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert calls.get("fused_linear_cross_entropy", 0) == 0
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+
+
 def test_trainer(tmp_path, calls):
     """Hugging Face Trainer with gradient accumulation (so ``num_items_in_batch`` reaches the
     forward): the patched model logs the same losses and ends with the same weights."""

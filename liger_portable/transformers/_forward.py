@@ -15,8 +15,11 @@ Two loss modes:
   LM head; the logits are never built and the output's ``logits`` is None (as with
   Liger-Kernel). In eval mode, or without labels, the logits are built as usual (evaluation and
   generation need them) and a loss, if labels are given, is the fused cross-entropy of those logits.
-  So is the loss of an LM head that is not a plain ``nn.Linear`` (a LoRA wrapper, a subclass) or
-  that has hooks: the fused loss reads the head's weight and would leave them out.
+  So is the loss of an LM head that is not a plain ``nn.Linear`` (a LoRA wrapper, a subclass), that
+  has hooks or whose instance ``forward`` was replaced (accelerate's hooks): the fused loss reads
+  the head's weight and would leave them out. Under autocast, a head whose dtype differs from the
+  hidden states' (a float32 head in a bf16 model) enters the fused loss in autocast's dtype, as
+  autocast hands it to ``nn.Linear``.
 * ``"ce"`` (``cross_entropy=True``): the logits are built as usual and the loss is
   :func:`liger_portable.functional.cross_entropy` of them.
 
@@ -51,13 +54,26 @@ CHUNK_MIB_ATTR = "liger_portable_chunk_mib"
 
 def fusable_head(head: torch.nn.Module) -> bool:
     """True if the fused loss may stand in for ``head(hidden)``: a plain ``nn.Linear`` without
-    hooks (module or global). A LoRA wrapper, a subclass or a hook changes what the head computes,
-    which reading its ``weight`` and ``bias`` would silently leave out."""
-    return type(head) is torch.nn.Linear and not (
+    hooks (module or global) and with its class's ``forward``. A LoRA wrapper, a subclass, a hook or
+    a ``forward`` set on the instance (accelerate's device-map and offload hooks replace it, the
+    weight then may be a placeholder on the meta device) changes what the head computes, which
+    reading its ``weight`` and ``bias`` would silently leave out."""
+    return type(head) is torch.nn.Linear and "forward" not in vars(head) and not (
         head._forward_hooks or head._forward_pre_hooks or head._backward_hooks or head._backward_pre_hooks
         or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
         or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks
     )
+
+
+def _autocast(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """The LM head's inputs as autocast would hand them to its ``nn.Linear``: where autocast is on
+    and hidden and weight differ in dtype (a float32 head in a bf16 model), all in autocast's dtype
+    (the fused loss takes one dtype); otherwise as they are."""
+    device_type = hidden.device.type
+    if weight.dtype == hidden.dtype or not torch.is_autocast_enabled(device_type):
+        return hidden, weight, bias
+    dtype = torch.get_autocast_dtype(device_type)
+    return hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
 def _keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
@@ -166,7 +182,8 @@ def make_causal_lm_forward(head: str, loss_mode: str, load_balancing_loss_func: 
             if head == "scaled":
                 hidden = hidden / config.logits_scaling
             chunk_mib = getattr(self, CHUNK_MIB_ATTR, None)  # set by patch(model, chunk_mib=...)
-            loss = _flce_loss(hidden, self.lm_head.weight, self.lm_head.bias, labels, softcap, chunk_mib, **kwargs)
+            hidden, weight, bias = _autocast(hidden, self.lm_head.weight, self.lm_head.bias)
+            loss = _flce_loss(hidden, weight, bias, labels, softcap, chunk_mib, **kwargs)
         else:
             logits = self.lm_head(hidden)
             if head == "scaled":
