@@ -459,7 +459,7 @@ def test_bf16_loss_of_built_logits_is_float32_as_hugging_faces(family):
 @pytest.mark.parametrize("family", ["llama", "gemma2", "granite"])
 def test_loss_options_match_hugging_face(family, mode, calls):
     """``num_items_in_batch`` (the Trainer's gradient accumulation: sum / count), ``shift_labels``
-    and ``ignore_index`` as Hugging Face's loss takes them, in both loss modes."""
+    (also flattened) and ``ignore_index`` as Hugging Face's loss takes them, in both loss modes."""
     ref = tiny_model(family, seed=4)
     model = lpt.patch(
         tiny_model(family, seed=4),
@@ -473,6 +473,7 @@ def test_loss_options_match_hugging_face(family, mode, calls):
         dict(num_items_in_batch=torch.tensor(11)),
         dict(num_items_in_batch=5),
         dict(shift_labels=shifted),
+        dict(shift_labels=shifted.flatten()),  # flattened: Hugging Face's loss takes them so too
         dict(shift_labels=shifted_custom.masked_fill(shifted_custom == -100, -1), ignore_index=-1),
     ]
     for kwargs in cases:

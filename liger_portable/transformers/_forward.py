@@ -30,6 +30,7 @@ back so (the logits, where built, are not copied to float32 for it).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import torch
@@ -89,12 +90,16 @@ def _keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
     return hidden[:, logits_to_keep, :]
 
 
-def _targets(labels: torch.Tensor, ignore_index: int, shift_labels: torch.Tensor | None, device) -> torch.Tensor:
-    """The next-token targets: ``shift_labels`` if given, else ``labels`` shifted left by one with
-    ``ignore_index`` at the end (Hugging Face's ``ForCausalLMLoss``)."""
+def _targets(labels: torch.Tensor, ignore_index: int, shift_labels: torch.Tensor | None, device,
+             shape: torch.Size) -> torch.Tensor:
+    """The next-token targets: ``shift_labels`` if given (of ``shape``, the positions' shape, or as
+    many elements), else ``labels`` shifted left by one with ``ignore_index`` at the end (Hugging
+    Face's ``ForCausalLMLoss``)."""
     if shift_labels is None:
         padded = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
         shift_labels = padded[..., 1:]
+    elif shift_labels.shape != shape and shift_labels.numel() == math.prod(shape):
+        shift_labels = shift_labels.reshape(shape)  # flattened, say: Hugging Face's loss flattens both sides
     return shift_labels.to(device)
 
 
@@ -109,7 +114,7 @@ def _finish(loss: torch.Tensor, num_items_in_batch) -> torch.Tensor:
 
 def _flce_loss(hidden, weight, bias, labels, softcap, chunk_mib=None, *, num_items_in_batch=None, ignore_index=-100,
                shift_labels=None, **_):
-    target = _targets(labels, ignore_index, shift_labels, hidden.device)
+    target = _targets(labels, ignore_index, shift_labels, hidden.device, hidden.shape[:-1])
     loss = F.fused_linear_cross_entropy(
         hidden, weight, target, bias, ignore_index=ignore_index,
         reduction="sum" if num_items_in_batch is not None else "mean", softcap=softcap, chunk_mib=chunk_mib,
@@ -118,7 +123,7 @@ def _flce_loss(hidden, weight, bias, labels, softcap, chunk_mib=None, *, num_ite
 
 
 def _ce_loss(logits, labels, *, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **_):
-    target = _targets(labels, ignore_index, shift_labels, logits.device)
+    target = _targets(labels, ignore_index, shift_labels, logits.device, logits.shape[:-1])
     loss = F.cross_entropy(  # a float32 loss, as Hugging Face's of upcast logits (no float32 copy of them)
         logits, target, ignore_index=ignore_index, reduction="sum" if num_items_in_batch is not None else "mean",
         loss_dtype=torch.float32,
