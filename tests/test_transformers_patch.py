@@ -636,6 +636,26 @@ def test_float32_head_of_a_bf16_model_under_autocast(calls):
     assert rel_err(model.lm_head.weight.grad, ref.lm_head.weight.grad) <= 3e-2
 
 
+@pytest.mark.parametrize("mode", ["fused_linear_cross_entropy", "cross_entropy"])
+def test_a_loss_function_set_on_the_model_is_used(mode, calls):
+    """``model.loss_function = fn`` (Hugging Face's way to replace the loss) is honoured: the logits
+    are built and ``fn`` computes the loss, as in Hugging Face's forward (it was silently ignored)."""
+    def half_loss(logits, labels, vocab_size, **kwargs):
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        return 0.5 * ForCausalLMLoss(logits, labels, vocab_size, **kwargs)
+
+    ref = tiny_model("llama", seed=19)
+    model = lpt.patch(tiny_model("llama", seed=19), fused_linear_cross_entropy=mode == "fused_linear_cross_entropy",
+                      cross_entropy=mode == "cross_entropy")
+    for m in (ref, model):
+        m.loss_function = half_loss
+    data = batch()
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert out.logits is not None and calls.get("fused_linear_cross_entropy", 0) == 0
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+
+
 def test_head_with_its_own_forward_builds_the_logits(calls):
     """An LM head whose instance ``forward`` was replaced (accelerate's device-map and offload hooks
     do this; its weight may then be a meta placeholder) is called, not bypassed by the fused loss."""

@@ -23,6 +23,9 @@ Two loss modes:
 * ``"ce"`` (``cross_entropy=True``): the logits are built as usual and the loss is
   :func:`liger_portable.functional.cross_entropy` of them.
 
+A loss the user set on the model (``model.loss_function = fn``, Hugging Face's way to replace it)
+is honoured in both modes: the logits are built and ``fn`` computes the loss, as there.
+
 The loss is returned in float32 like Hugging Face's: the kernels sum it in float32 and hand it
 back so (the logits, where built, are not copied to float32 for it).
 """
@@ -183,7 +186,8 @@ def make_causal_lm_forward(head: str, loss_mode: str, load_balancing_loss_func: 
         softcap = getattr(config, "final_logit_softcapping", None) if head == "softcap" else None
 
         loss = logits = None
-        if labels is not None and loss_mode == "flce" and self.training and fusable_head(self.lm_head):
+        custom = vars(self).get("_loss_function")  # a loss the user set (model.loss_function = fn): honoured
+        if labels is not None and loss_mode == "flce" and self.training and custom is None and fusable_head(self.lm_head):
             if head == "scaled":
                 hidden = hidden / config.logits_scaling
             chunk_mib = getattr(self, CHUNK_MIB_ATTR, None)  # set by patch(model, chunk_mib=...)
@@ -195,7 +199,9 @@ def make_causal_lm_forward(head: str, loss_mode: str, load_balancing_loss_func: 
                 logits = logits / config.logits_scaling
             if softcap is not None:
                 logits = torch.tanh(logits / softcap) * softcap
-            if labels is not None:
+            if labels is not None and custom is not None:
+                loss = custom(logits=logits, labels=labels, vocab_size=config.vocab_size, **kwargs)
+            elif labels is not None:
                 loss = _ce_loss(logits, labels, **kwargs)
 
         extra = {k: v for k, v in outputs.items() if k in output_fields}
