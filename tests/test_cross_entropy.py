@@ -275,18 +275,18 @@ def test_kernel_interpreter_inplace_on_rows_that_share_memory(simulated_device, 
     assert rel_err(base.grad, ref[2].sum(0, keepdim=True)) <= 1e-5
 
 
-def _check_loss_dtype():
+def _check_loss_dtype(device="cpu"):
     """``loss_dtype=torch.float32`` returns the float32 sums of bf16 and fp16 logits (rounding them to
     the logits dtype put a mean loss 2**-9 off); the gradient stays right."""
     for dtype in (torch.bfloat16, torch.float16):
-        x, t = _inputs(64, 1000, dtype, seed=3)
+        x, t = _inputs(64, 1000, dtype, seed=3, device=device)
         for reduction in REDUCTIONS:
             ref, _, ref_dx = reference(x, t, reduction=reduction)
             leaf = x.clone().requires_grad_()
             loss = F.cross_entropy(leaf, t, reduction=reduction, loss_dtype=torch.float32)
             assert loss.dtype == torch.float32 and rel_err(loss, ref) <= 1e-6, (dtype, reduction, rel_err(loss, ref))
             loss.sum().backward()
-            assert rel_err(leaf.grad, ref_dx) <= TOL[dtype]
+            assert rel_err(leaf.grad.cpu(), ref_dx) <= TOL[dtype]
     with pytest.raises(TypeError, match="loss_dtype must be None"):
         F.cross_entropy(x, t, loss_dtype=torch.int32)
 
@@ -298,6 +298,11 @@ def test_loss_dtype_float32():
 @pytest.mark.interpreter
 def test_kernel_interpreter_loss_dtype_float32(simulated_device, poison):
     _check_loss_dtype()
+
+
+@pytest.mark.gpu
+def test_kernel_gpu_loss_dtype_float32(poison):
+    _check_loss_dtype(torch.device(liger_portable.platform().torch_device_type, 0))
 
 
 @pytest.mark.interpreter
