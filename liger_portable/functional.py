@@ -85,6 +85,24 @@ def _kernel_device(ops, device: torch.device, x: torch.Tensor, generated: bool =
     return kernel_device(device)
 
 
+def _dtensor_fallback(op: str, *tensors: torch.Tensor | None) -> bool:
+    """True if any of ``tensors`` is a DTensor: ``op`` then runs its PyTorch fallback, whose
+    operations DTensor's own rules shard and reduce correctly (the kernels take local tensors; only
+    the row norms have DTensor rules of their own), with a warning (Python's default filter shows it
+    once per op; none under torch.compile, where it would break the graph)."""
+    if not _dtensor.any_dtensor(*tensors):
+        return False
+    if not torch.compiler.is_compiling():
+        import warnings
+
+        warnings.warn(
+            f"liger_portable.{op}: DTensor inputs run the PyTorch fallback (correct under any placement, "
+            "not fused); for the kernels, call it on the local shards (.to_local()) where the op allows",
+            stacklevel=2,
+        )
+    return True
+
+
 def _rows(x: torch.Tensor, alias: bool = True) -> torch.Tensor:
     """``x`` as a 2-D (rows, last dim) tensor whose last dimension is contiguous (no copy if possible).
 
@@ -277,7 +295,8 @@ def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> 
         raise TypeError(f"b has dtype {b.dtype} but a has {a.dtype}; cast one of them, e.g. b.to(a.dtype)")
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be True or False, got {inplace_backward!r}")
-    dev = None if a.dim() == 0 else _kernel_device(_glu_ops, same_device(a=a, b=b), a, True)
+    dev = None if a.dim() == 0 or _dtensor_fallback("swiglu" if act == "silu" else "geglu", a, b) else _kernel_device(
+        _glu_ops, same_device(a=a, b=b), a, True)
     if dev is None:
         return (fallback.swiglu if act == "silu" else fallback.geglu)(a, b)
     if inplace_backward and torch.is_grad_enabled() and not torch.compiler.is_compiling():
@@ -449,7 +468,7 @@ def rope(
     if sin.shape != cos.shape:
         raise ValueError(f"sin must have the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
     device = same_device(q=q, k=k, cos=cos, sin=sin)
-    dev = _kernel_device(_rope_ops, device, q, True)
+    dev = None if _dtensor_fallback("rope", q, k, cos, sin, position_ids) else _kernel_device(_rope_ops, device, q, True)
     if dev is None or _kernel_device(_rope_ops, device, k) is None:
         return fallback.rope(q, k, cos, sin, position_ids, unsqueeze_dim)
     if cos.shape[1] != seq:
@@ -580,7 +599,7 @@ def cross_entropy(
     if n_classes == 0:
         raise ValueError("logits must have at least one class (its last dimension is 0)")
     _check_target_range(target, n_classes, ignore_index)
-    dev = _kernel_device(_ce_ops, device, logits)
+    dev = None if _dtensor_fallback("cross_entropy", logits, target) else _kernel_device(_ce_ops, device, logits)
     if dev is None:
         return fallback.cross_entropy(
             logits, target, ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss,
@@ -641,7 +660,9 @@ def check_flce_args(
 
 def flce_kernel_device(hidden: torch.Tensor, device: torch.device):
     """The :class:`~liger_portable.DeviceInfo` the fused linear cross-entropy's kernels run ``hidden``
-    with (on ``device``), or None: the fallback."""
+    with (on ``device``), or None: the fallback (a DTensor ``hidden`` too)."""
+    if _dtensor.any_dtensor(hidden):
+        return None
     return _kernel_device(_flce_ops, device, hidden)
 
 
@@ -694,7 +715,8 @@ def fused_linear_cross_entropy(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
         return_z_loss, chunk_mib,
     )
-    dev = _kernel_device(_flce_ops, device, hidden)
+    dev = None if _dtensor_fallback("fused_linear_cross_entropy", hidden, weight, target, bias) else _kernel_device(
+        _flce_ops, device, hidden)
     if (
         dev is not None and hidden.dtype == torch.float16 and lse_square_scale != 0.0
         and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
