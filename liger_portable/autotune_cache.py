@@ -119,7 +119,14 @@ def parse(p: Path) -> dict:
         data = json.loads(p.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
+    except OSError as e:  # (not replaced by a write either: see _entries_to_keep)
+        _warn_once(
+            f"bad:{p}",
+            f"liger_portable: skipping unreadable autotune cache {p}: {e}; the table defaults apply. "
+            "Fix: make the file readable (group-readable and writable in a shared folder), or delete it.",
+        )
+        return {}
+    except ValueError as e:
         _warn_once(
             f"bad:{p}",
             f"liger_portable: skipping unreadable autotune cache {p}: {e}; the table defaults apply. "
@@ -193,8 +200,11 @@ def lookup(
     key = None
     for label, path in cache_files(device):
         sources = []
-        if label == "user cache" and str(path) in _overlay:
-            sources.append((_overlay[str(path)], f"{label} {path.name} (in memory)"))
+        if label == "user cache":
+            with _state_lock:  # (record() may change or drop it meanwhile)
+                kept = dict(_overlay.get(str(path)) or {})
+            if kept:
+                sources.append((kept, f"{label} {path.name} (in memory)"))
         sources.append((read(str(path)), f"{label} {path.name}"))
         for entries, where in sources:
             if not entries:
@@ -530,8 +540,8 @@ def _write_fix(e: BaseException, path: Path) -> str:
     if isinstance(e, NoTuningLock):
         return f"this file system does not lock files: set {_paths.ENV_CACHE_DIR} to a folder on a local disk."
     if isinstance(e, PermissionError) and os.access(path.parent, os.W_OK | os.X_OK):
-        return (f"a file of {path.name} in {path.parent} belongs to another user: make it group-writable "
-                f"(and the folder not sticky), or remove it, {other}")
+        return (f"a file of {path.name} in {path.parent} belongs to another user: make it group-readable and "
+                f"writable (and the folder not sticky), or remove it, {other}")
     if isinstance(e, OSError) and e.errno == errno.EEXIST:
         return f"use the newer liger-portable here too, {other}"
     return f"make {path.parent} writable, {other}"

@@ -129,7 +129,9 @@ def _reference_token_logps(ref_input, ref_weight, target, ref_bias, ignore_index
         with torch.no_grad():
             return _token_logps(ref_input, ref_weight, target, ref_bias, ignore_index)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"the reference head (ref_input, ref_weight, ref_bias): {e}") from None
+        if str(e).startswith("target"):  # the policy's labels, shared: their own error
+            raise
+        raise type(e)(f"the reference head (ref_input, ref_weight, ref_bias): {e}") from e
 
 
 def _token_logps(hidden, weight, target, bias, ignore_index: int) -> torch.Tensor:
@@ -559,10 +561,10 @@ def _check_kl(kl, b: int, device: torch.device) -> torch.Tensor:
     """KTO's ``kl``: a number, a 0-dim tensor or one value per sequence ``(B,)``; detached."""
     if not isinstance(kl, torch.Tensor):
         kl = torch.tensor(check_real("kl", kl), device=device)
-    if not kl.is_floating_point() or tuple(kl.shape) not in ((), (b,)):
-        raise ValueError(f"kl must be a number, a 0-dim floating-point tensor or one per sequence, shape ({b},); "
-                         f"got {kl.dtype} of shape {tuple(kl.shape)}")
-    return kl.detach()
+    if not kl.is_floating_point() or (kl.numel() != 1 and tuple(kl.shape) != (b,)):
+        raise ValueError(f"kl must be a number, a one-element floating-point tensor or one per sequence, shape "
+                         f"({b},); got {kl.dtype} of shape {tuple(kl.shape)}")
+    return kl.detach().reshape(()) if kl.numel() == 1 else kl.detach()
 
 
 def _check_smoothing(label_smoothing) -> float:

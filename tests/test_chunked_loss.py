@@ -293,6 +293,8 @@ def test_reference_head_and_ref_logps_errors_name_the_argument():
             C.fused_linear_dpo_loss(h, w, t, **{"ref_input": rh, "ref_weight": rw, **kwargs})
     with pytest.raises(ValueError, match="ref_logps must be"):
         C.fused_linear_dpo_loss(h, w, t, ref_logps=([0.0, 0.0], [0.0, 0.0]))
+    with pytest.raises(ValueError, match="^target holds 99"):  # the policy's labels: no reference-head prefix
+        C.fused_linear_dpo_loss(h, w, t.masked_fill(t == t.max(), 99), ref_input=rh, ref_weight=rw)
     with pytest.warns(UserWarning, match="no effect with loss_type='sigmoid'"):
         C.fused_linear_dpo_loss(h, w, t, use_ref_model=False, label_smoothing=0.1)
 
@@ -302,6 +304,7 @@ def test_kto_and_grpo_errors_name_the_argument():
     labels = torch.tensor([True, False, True, False])
     scalar = C.fused_linear_kto_loss(h, w, t, preference_labels=labels, kl=torch.tensor(0.3))[0]
     assert torch.equal(C.fused_linear_kto_loss(h, w, t, preference_labels=labels, kl=0.3)[0], scalar)
+    assert torch.equal(C.fused_linear_kto_loss(h, w, t, preference_labels=labels, kl=torch.tensor([0.3]))[0], scalar)
     for kwargs, match in [
         ({"kl": torch.zeros(4, 1)}, r"kl must be .* shape \(4,\)"),
         ({"kl": torch.zeros(3)}, r"kl must be"),

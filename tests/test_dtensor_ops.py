@@ -1,8 +1,8 @@
 """DTensor inputs to the ops without DTensor rules of their own (GLUs, RoPE, the cross-entropies):
 on the kernel path they run the PyTorch fallback, with one warning per op, and give the plain
 tensors' results (they crashed inside the kernels' launch code). A one-process gloo group on the
-CPU, the kernel path simulated in the Triton interpreter; the multi-process placements are
-scripts/distributed_check.py's (tests/test_distributed.py)."""
+CPU, the kernel path simulated in the Triton interpreter. (Multi-process runs,
+scripts/distributed_check.py under tests/test_distributed.py, cover the norms' DTensor rules.)"""
 
 from __future__ import annotations
 

@@ -639,11 +639,12 @@ def test_float32_head_of_a_bf16_model_under_autocast(calls):
 @pytest.mark.parametrize("mode", ["fused_linear_cross_entropy", "cross_entropy"])
 def test_a_loss_function_set_on_the_model_is_used(mode, calls):
     """``model.loss_function = fn`` (Hugging Face's way to replace the loss) is honoured: the logits
-    are built and ``fn`` computes the loss, as in Hugging Face's forward (it was silently ignored)."""
-    def half_loss(logits, labels, vocab_size, **kwargs):
+    are built and ``fn`` computes the loss with the arguments Hugging Face's forward gives it (a
+    strict signature: no ``cache``), as there (it was silently ignored)."""
+    def half_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None):
         from transformers.loss.loss_utils import ForCausalLMLoss
 
-        return 0.5 * ForCausalLMLoss(logits, labels, vocab_size, **kwargs)
+        return 0.5 * ForCausalLMLoss(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels)
 
     ref = tiny_model("llama", seed=19)
     model = lpt.patch(tiny_model("llama", seed=19), fused_linear_cross_entropy=mode == "fused_linear_cross_entropy",

@@ -200,7 +200,8 @@ def make_causal_lm_forward(head: str, loss_mode: str, load_balancing_loss_func: 
             if softcap is not None:
                 logits = torch.tanh(logits / softcap) * softcap
             if labels is not None and custom is not None:
-                loss = custom(logits=logits, labels=labels, vocab_size=config.vocab_size, **kwargs)
+                loss_kwargs = {k: v for k, v in kwargs.items() if k != "cache"}  # as Hugging Face passes them
+                loss = custom(logits=logits, labels=labels, vocab_size=config.vocab_size, **loss_kwargs)
             elif labels is not None:
                 loss = _ce_loss(logits, labels, **kwargs)
 
