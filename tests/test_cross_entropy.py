@@ -287,6 +287,14 @@ def _check_loss_dtype(device="cpu"):
             assert loss.dtype == torch.float32 and rel_err(loss, ref) <= 1e-6, (dtype, reduction, rel_err(loss, ref))
             loss.sum().backward()
             assert rel_err(leaf.grad.cpu(), ref_dx) <= TOL[dtype]
+        # with a z-loss (both float32) and in place (the logits an intermediate the caller owns)
+        ref, ref_z, ref_dx = reference(x, t, lse_square_scale=1e-3)
+        leaf = x.clone().requires_grad_()
+        loss, z = F.cross_entropy(leaf * 1, t, lse_square_scale=1e-3, return_z_loss=True, inplace_backward=True,
+                                  loss_dtype=torch.float32)
+        assert loss.dtype == z.dtype == torch.float32 and rel_err(loss, ref) <= 1e-6 and rel_err(z, ref_z) <= 1e-5
+        loss.backward()
+        assert rel_err(leaf.grad.cpu(), ref_dx) <= TOL[dtype]
     with pytest.raises(TypeError, match="loss_dtype must be None"):
         F.cross_entropy(x, t, loss_dtype=torch.int32)
 
