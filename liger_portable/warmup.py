@@ -103,16 +103,26 @@ def dry_run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     return 0
 
 
+# Beyond the tuning-lock wait: the other ranks of a device model wait in a collective while their
+# leader waits for the lock (up to lock_timeout()) and then tunes a problem; NCCL's default 10 minutes
+# would abort them.
+COLLECTIVE_MARGIN_S = 1800.0
+
+
 def _init_distributed() -> bool:
+    """Join torchrun's process group (each rank on its LOCAL_RANK's GPU); False when not under torchrun."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
+    import datetime
+
     import torch.distributed as dist
 
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        timeout = datetime.timedelta(seconds=tuning.lock_timeout() + COLLECTIVE_MARGIN_S)
+        dist.init_process_group(backend, timeout=timeout)
     return True
 
 
@@ -184,6 +194,7 @@ def _choose(p: _warmup.Problem, dev) -> dict:
 
 
 def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
+    distributed = _init_distributed()  # first: it sets this rank's GPU, which target_device() reads
     dev = target_device()
     if dev is None:
         print("liger-portable warmup: error: no GPU: a real warmup times kernels on the device; use --dry-run to list the work", file=sys.stderr)
@@ -191,7 +202,6 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     from liger_portable.tuning import hooks  # late: the dry run needs no kernels
 
     hooks.register_all()
-    distributed = _init_distributed()
     rank = int(os.environ.get("RANK", "0"))
     rows, problems_left, compiles, t0 = [], {}, set(), time.perf_counter()
     progress = _Progress(len(probs), enabled=rank == 0 and not args.json)

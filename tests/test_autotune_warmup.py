@@ -255,3 +255,25 @@ def test_cli_warmup_rejects_sizes_below_one(args, capsys):
         cli.main(["warmup", "llama-3-8b", "--dry-run", *args])
     assert e.value.code == 2
     assert "expected a whole number >= 1" in capsys.readouterr().err
+
+
+def test_under_torchrun_the_group_outwaits_the_tuning_lock_and_comes_before_the_device(monkeypatch):
+    """Under torchrun the warmup joins the process group first (it sets the rank's GPU, which the
+    device lookup then reads) with a collective timeout beyond the tuning-lock wait (other ranks wait
+    in a collective while their leader waits for the lock; NCCL's default 10 minutes aborted them)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from liger_portable import tuning
+    from liger_portable import warmup as warmup_mod
+
+    calls = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append(("group", kw)))
+    monkeypatch.setattr(warmup_mod, "target_device", lambda: calls.append(("device", None)))
+    assert warmup_mod.run(warmup_mod.parse_args(["llama-3-8b"]), []) == 2  # no device: stops there
+    assert [c[0] for c in calls] == ["group", "device"]
+    timeout = calls[0][1]["timeout"]
+    assert timeout >= datetime.timedelta(seconds=tuning.lock_timeout() + 600)
