@@ -398,7 +398,7 @@ def tuning_lock(device: DeviceInfo, timeout: float | None) -> Iterator[bool]:
         raise NoTuningLock("no fcntl on this platform")
     path = user_cache_file(device)
     if str(path) in _overlay:
-        raise NoTuningLock(f"{path} is not writable (tuned entries are kept in memory)")
+        raise NoTuningLock(f"{path} could not be written in this process (tuned entries are kept in memory; see the warning)")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(path.parent, os.W_OK | os.X_OK):  # record() would fall back to memory
