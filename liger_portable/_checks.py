@@ -110,3 +110,19 @@ def check_chunk_mib(chunk_mib) -> int | None:
             f"chunk_mib must be None (the device table's chunk) or a whole number of MiB >= 1, got {chunk_mib!r}"
         )
     return int(chunk_mib)
+
+
+def check_class_range(name: str, target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
+    """Every class index of ``target`` in ``[0, n_classes)`` or ``ignore_index``, else a ValueError
+    naming ``name``. On the CPU (free there; skipped under torch.compile, where it would break the
+    graph). On a GPU there is no check, to avoid a host sync: a row whose index is out of range gets
+    a NaN loss and a NaN gradient (PyTorch's own kernel stops the process with a device assert)."""
+    if target.device.type != "cpu" or torch.compiler.is_compiling() or target.numel() == 0:
+        return
+    bad = ((target < 0) | (target >= n_classes)) & (target != ignore_index)
+    if bad.any():
+        value = target[bad][0].item()
+        raise ValueError(
+            f"{name} holds {value}, outside the {n_classes} classes [0, {n_classes - 1}] and not "
+            f"ignore_index ({ignore_index}); fix the labels or pass ignore_index={value}"
+        )

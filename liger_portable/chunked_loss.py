@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as TF
 
 from .functional import check_flce_args, flce_kernel_device, fused_linear_cross_entropy
-from ._checks import check_choice, check_nonneg_number, check_real, is_integer
+from ._checks import check_choice, check_class_range, check_nonneg_number, check_real, is_integer
 from ._autograd import first_order_only
 
 if importlib.util.find_spec("triton") is not None:
@@ -1076,12 +1076,7 @@ def fused_linear_distillation_loss(
         raise ValueError(f"true_labels must have shape ({n},) (one per row of student_input)")
     if true_labels.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"true_labels must hold class indices as torch.int64 (or torch.int32), got {true_labels.dtype}")
-    if true_labels.device.type == "cpu" and not torch.compiler.is_compiling():  # free on the CPU; a GPU gets NaN rows
-        bad = ((true_labels < 0) | (true_labels >= vocab)) & (true_labels != ignore_index)
-        if bad.any():
-            value = true_labels[bad][0].item()
-            raise ValueError(f"true_labels holds {value}, outside the {vocab} classes [0, {vocab - 1}] and not "
-                             f"ignore_index ({ignore_index}); fix the labels or pass ignore_index={value}")
+    check_class_range("true_labels", true_labels, vocab, ignore_index)  # (a GPU gets NaN rows: chunk_terms)
     if teacher_logits is not None:
         if tuple(teacher_logits.shape) != (n, vocab):
             raise ValueError(f"teacher_logits must have shape ({n}, {vocab}) (tokens x the student's vocabulary), got {tuple(teacher_logits.shape)}")

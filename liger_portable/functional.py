@@ -15,7 +15,7 @@ from torch.nn.modules import module as _nn_module
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from . import _dtensor, fallback
-from ._checks import KERNEL_DTYPES, check_ce_options, check_choice, check_chunk_mib, check_float, check_nonneg_number, check_real
+from ._checks import KERNEL_DTYPES, check_ce_options, check_choice, check_class_range, check_chunk_mib, check_float, check_nonneg_number, check_real
 from ._checks import REDUCTIONS  # noqa: F401  (the reductions the losses accept, kept here too)
 from ._checks import SettingError
 from ._dispatch import kernel_device, same_device
@@ -501,21 +501,6 @@ def _check_ignore_index_fits(target: torch.Tensor, ignore_index: int) -> None:
         )
 
 
-def _check_target_range(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
-    """On the CPU (free there; skipped under torch.compile, where it would break the graph).
-    On a GPU there is no check, to avoid a host sync: a row whose target is out of range gets a
-    NaN loss and a NaN gradient (PyTorch's own kernel stops the process with a device assert)."""
-    if target.device.type != "cpu" or torch.compiler.is_compiling() or target.numel() == 0:
-        return
-    bad = ((target < 0) | (target >= n_classes)) & (target != ignore_index)
-    if bad.any():
-        value = target[bad][0].item()
-        raise ValueError(
-            f"target holds {value}, outside the {n_classes} classes [0, {n_classes - 1}] and not "
-            f"ignore_index ({ignore_index}); fix the labels or pass ignore_index={value}"
-        )
-
-
 def _loss_result(loss: torch.Tensor, z: torch.Tensor | None, target: torch.Tensor, reduction: str, return_z_loss: bool):
     """Shape the kernels' (loss, z-loss) as the public functions return them."""
     if reduction == "none":
@@ -598,7 +583,7 @@ def cross_entropy(
     n_classes = logits.shape[-1]
     if n_classes == 0:
         raise ValueError("logits must have at least one class (its last dimension is 0)")
-    _check_target_range(target, n_classes, ignore_index)
+    check_class_range("target", target, n_classes, ignore_index)
     dev = None if _dtensor_fallback("cross_entropy", logits, target) else _kernel_device(_ce_ops, device, logits)
     if dev is None:
         return fallback.cross_entropy(
@@ -654,7 +639,7 @@ def check_flce_args(
         raise ValueError(
             f"hidden must have a non-empty last dimension (the hidden size), got shape {tuple(hidden.shape)}"
         )
-    _check_target_range(target, weight.shape[0], ignore_index)
+    check_class_range("target", target, weight.shape[0], ignore_index)
     return label_smoothing, lse_square_scale, softcap, ignore_index, chunk_mib, device
 
 
