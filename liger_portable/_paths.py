@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -50,10 +51,35 @@ def user_cache_dir() -> Path:
     try:
         return Path.home() / ".cache" / "liger_portable"
     except RuntimeError:  # no HOME and no passwd entry (a bare service or container environment)
-        fallback = Path(tempfile.gettempdir()) / f"liger_portable-{getattr(os, 'getuid', lambda: 'user')()}"
-        warnings.warn(  # shown once (Python's default warning filter)
-            f"liger_portable: no home directory (HOME unset and no user entry): the autotune cache is "
-            f"{fallback}; set {ENV_CACHE_DIR} to choose it",
-            stacklevel=2,
-        )
-        return fallback
+        return _temporary_cache_dir()
+
+
+_temporary: dict[Path, Path] = {}  # the shared temporary folder's name -> the folder this process uses
+
+
+def _temporary_cache_dir() -> Path:
+    """This user's cache folder in the shared temporary folder, created private (0700). Its name is
+    predictable, so a folder of that name that is not this user's own directory (made by another user,
+    or a link) is not trusted: a fresh private folder serves this process instead."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    shared = Path(tempfile.gettempdir()) / f"liger_portable-{uid if uid is not None else 'user'}"
+    if shared in _temporary:
+        return _temporary[shared]
+    try:
+        shared.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(shared)
+        own = stat.S_ISDIR(st.st_mode) and (uid is None or st.st_uid == uid)
+    except OSError:
+        own = False
+    if own:
+        folder, note = shared, f"the autotune cache is {shared}"
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="liger_portable-"))
+        note = (f"{shared} is not a directory of this user's, so this process keeps its autotune cache in "
+                f"{folder} (not shared with later processes)")
+    warnings.warn(  # once a process
+        f"liger_portable: no home directory (HOME unset and no user entry): {note}; set {ENV_CACHE_DIR} to choose it",
+        stacklevel=3,
+    )
+    _temporary[shared] = folder
+    return folder

@@ -709,9 +709,9 @@ def test_file_system_without_locking_falls_back_to_memory(monkeypatch):
     assert len(hook.calls) == 1 and r.source == "user cache NVIDIA_H200.json (in memory)"
 
 
-def test_no_home_directory_uses_a_temporary_folder(monkeypatch):
-    """Without HOME and without a user entry Path.home() raises: the cache folder is one of this
-    user's in the temporary folder, with a warning, and resolving still works."""
+def _no_home(monkeypatch, tmp_path):
+    """No cache variables, Path.home() raising as without HOME and a user entry, and the temporary
+    folder under tmp_path."""
     import tempfile
     from pathlib import Path as P
 
@@ -722,10 +722,46 @@ def test_no_home_directory_uses_a_temporary_folder(monkeypatch):
         raise RuntimeError("Could not determine home directory.")
 
     monkeypatch.setattr(P, "home", classmethod(no_home))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path / f"liger_portable-{os.getuid()}"
+
+
+def test_no_home_directory_uses_a_temporary_folder(monkeypatch, tmp_path):
+    """Without HOME and without a user entry Path.home() raises: the cache folder is one of this
+    user's in the temporary folder, created private, with a warning once, and resolving still works."""
+    shared = _no_home(monkeypatch, tmp_path)
     with pytest.warns(UserWarning, match="no home directory"):
         where = _paths.user_cache_dir()
-    assert where.parent == P(tempfile.gettempdir()) and where.name.startswith("liger_portable-")
+    assert where == shared and where.is_dir() and (where.stat().st_mode & 0o777) == 0o700
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _paths.user_cache_dir() == shared
     assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+
+
+@pytest.mark.parametrize("planted", ["link", "file", "other user"])
+def test_no_home_directory_distrusts_a_planted_folder(monkeypatch, tmp_path, planted):
+    """The temporary folder's name is predictable: a link, a file or another user's folder of that
+    name is not used (another user could plant configs or redirect our writes); a fresh private folder
+    serves the process, and the warning says so."""
+    shared = _no_home(monkeypatch, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if planted == "link":
+        shared.symlink_to(elsewhere)
+    elif planted == "file":
+        shared.write_text("{}")
+    else:
+        real = os.getuid()
+        monkeypatch.setattr(os, "getuid", lambda: real + 1)  # the folder made below is then another user's
+        shared = tmp_path / f"liger_portable-{real + 1}"
+        shared.mkdir()
+    with pytest.warns(UserWarning, match="is not a directory of this user's") as record:
+        where = _paths.user_cache_dir()
+    assert str(shared) in str(record[0].message) and str(where) in str(record[0].message)
+    assert where != shared and where.parent == tmp_path and where.is_dir()
+    assert (where.stat().st_mode & 0o777) == 0o700 and not any(elsewhere.iterdir())
+    assert _paths.user_cache_dir() == where
 
 
 def test_register_unknown_kernel():
