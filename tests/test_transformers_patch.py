@@ -336,8 +336,9 @@ def test_classes_of_another_module_are_an_error(tmp_path):
 
 def test_own_causal_lm_class_around_transformers_modules_warns_that_its_loss_is_not_fused():
     """A causal LM of its own class around transformers' LlamaModel (remote code reusing it): the
-    norms and MLPs are patched and a warning says the loss is not fused; transformers' base model
-    and other heads, whose loss there is none to fuse, patch without one."""
+    norms and MLPs are patched and a warning says the loss is not fused (by patch() and by
+    apply_liger_kernel_to_llama(model=...)); transformers' base model and other heads, whose loss
+    there is none to fuse, patch without one."""
     import warnings
 
     from transformers import LlamaForSequenceClassification, LlamaModel
@@ -360,6 +361,12 @@ def test_own_causal_lm_class_around_transformers_modules_warns_that_its_loss_is_
         config = tiny_config("llama")
         config.pad_token_id = 0
         lpt.patch(LlamaForSequenceClassification(config))
+    # The class-level entry point with model= says the same of such a model.
+    with pytest.warns(UserWarning, match="OwnCausalLM is not transformers' LlamaForCausalLM .* loss is not fused"):
+        lpt.apply_liger_kernel_to_llama(model=OwnCausalLM(tiny_config("llama")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lpt.apply_liger_kernel_to_llama(model=OwnCausalLM(tiny_config("llama")), fused_linear_cross_entropy=False)
 
 
 def test_mixtral_experts_of_another_activation_keep_their_product(calls):

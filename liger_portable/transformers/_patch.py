@@ -213,9 +213,12 @@ def _set_child(root: nn.Module, qualified_name: str, module: nn.Module) -> None:
 _OURS = (M.RMSNorm, M.SwiGLUMLP, M.GEGLUMLP, M.Phi3SwiGLUMLP)
 
 
-def _patch_instance(family: Family, model: nn.Module, *, rope, rms_norm, glu, loss_mode) -> list[nn.Module]:
+def _patch_instance(
+    family: Family, model: nn.Module, *, rope, rms_norm, glu, loss_mode, set_forward: bool = True
+) -> list[nn.Module]:
     """Patch ``model`` and the modules in it; returns the causal-LM heads whose forward got the
-    loss: ``model`` itself, or the one a wrapper (PEFT, say) holds."""
+    loss: ``model`` itself, or the one a wrapper (PEFT, say) holds. ``set_forward=False``: the
+    class's forward already has the loss (class-level patching), the instances are left alone."""
     modeling = family.modeling
     norm_cls = _original(modeling, family.norm)
     mlp_cls = _original(modeling, family.mlp) if family.mlp else None
@@ -256,7 +259,7 @@ def _patch_instance(family: Family, model: nn.Module, *, rope, rms_norm, glu, lo
         module._apply_gate = types.MethodType(M.experts_apply_gate, module)
     if rope:
         _patch_rope(family)
-    if loss_mode is None:
+    if loss_mode is None or not set_forward:
         return []
     for head in heads:
         head.forward = types.MethodType(_forward_for(family, loss_mode), head)
@@ -388,6 +391,6 @@ def apply_to_family(
     if model is not None:
         # The class-level forward already applies to the instance unless it has its own.
         _patch_instance(
-            family, model, rope=False, rms_norm=rms_norm, glu=glu,
-            loss_mode=loss_mode if "forward" in vars(model) else None,
+            family, model, rope=False, rms_norm=rms_norm, glu=glu, loss_mode=loss_mode,
+            set_forward="forward" in vars(model),
         )
