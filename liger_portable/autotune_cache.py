@@ -31,7 +31,9 @@ Robustness rules (no cache problem ever stops training):
   folder, fsyncs it and ``os.replace``-s it over the cache file: concurrent writers lose nothing
   and a reader never sees half a file. (Where ``flock`` does not reach other hosts, an NFS mount
   with ``nolock`` say, writers on different nodes can drop each other's entries: a re-tune, never a
-  wrong config.) Without ``fcntl`` (Windows) writes go unlocked, with one warning. Files are
+  wrong config; a file system that does not lock, or an NFS mount refusing to lock another user's
+  lock file opened to read, keeps the entry in memory.) Without ``fcntl`` (Windows) writes go
+  unlocked, with one warning. Files are
   created with the permissions the umask leaves, so a team's group-writable folder is shared.
 * An unwritable location degrades to an in-memory overlay (one warning); lookups see it first,
   and the next successful write saves it.
@@ -268,6 +270,9 @@ def _flock(fd: int, op: int) -> None:
     except OSError as e:
         if e.errno in _NO_LOCKING:
             raise NoTuningLock(e.errno, f"the file system does not lock files ({os.strerror(e.errno)})") from e
+        if e.errno == errno.EBADF:  # Linux NFS emulates flock with fcntl locks, which need a writable descriptor
+            raise NoTuningLock(e.errno, "the file system locks only files this process may write (NFS), and this "
+                                        "lock file is another user's") from e
         raise
 
 

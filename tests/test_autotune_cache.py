@@ -691,14 +691,15 @@ def test_usable_entry_reads_bad_times_as_none():
     assert entry["config"] == CFG and entry["time_ms"] is None and entry["default_ms"] is None
 
 
-def test_file_system_without_locking_falls_back_to_memory(monkeypatch):
-    """flock() failing as on a file system that does not lock (Lustre without -o flock: ENOSYS)
-    neither stops the kernel call nor tuning: the tuned entry is kept in memory, as with an
-    unwritable folder."""
+@pytest.mark.parametrize("answer", ["ENOSYS", "EBADF"])
+def test_file_system_without_locking_falls_back_to_memory(monkeypatch, answer):
+    """flock() failing as on a file system that does not lock (Lustre without -o flock: ENOSYS), or
+    as Linux NFS answers a lock of a file opened to read (another user's lock file: EBADF), neither
+    stops the kernel call nor tuning: the tuned entry is kept in memory, as with an unwritable folder."""
     import errno
 
     def no_flock(fd, op):
-        raise OSError(errno.ENOSYS, "Function not implemented")
+        raise OSError(getattr(errno, answer), os.strerror(getattr(errno, answer)))
 
     monkeypatch.setattr(autotune_cache.fcntl, "flock", no_flock)
     hook = _hook()
