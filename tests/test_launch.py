@@ -244,6 +244,102 @@ def test_hooks_or_capture_take_tritons_path(fake_gpu, monkeypatch):
     assert len(compiles) == 3 and calls == []
 
 
+class _OnGpu(torch.Tensor):
+    """A CPU tensor that says it lives on GPU ``index`` (as a CUDA tensor's get_device() does)."""
+
+    index = 1
+
+    def get_device(self):
+        return self.index
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["cached path", "tritons path"])
+def test_tensors_on_another_gpu_launch_on_theirs(fake_gpu, monkeypatch, known):
+    """Triton launches on the current device: tensors on another GPU of the process (a model split
+    over GPUs) are launched with their device made current (its stream, its compile target), and the
+    current device is restored after; tensors on the current device enter no guard."""
+    launcher, compiles, calls, _ = fake_gpu
+    current, entered = [0], []
+
+    class Guard:  # torch.<device type>.device(index): here the fake driver's current device
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+            self.saved, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.saved
+
+    monkeypatch.setattr(torch.cpu, "device", Guard, raising=False)
+    monkeypatch.setattr(launching.driver.active, "get_current_device", staticmethod(lambda: current[0]))
+    monkeypatch.setattr(launching.driver.active, "get_current_stream", staticmethod(lambda device: f"stream {device}"))
+    monkeypatch.setattr(launching, "KNOWN_TRITON", known)
+    seen_at_compile = []
+    fn_getitem = type(launcher.fn).__getitem__
+    monkeypatch.setattr(type(launcher.fn), "__getitem__",
+                        lambda self, grid: (seen_at_compile.append(current[0]), fn_getitem(self, grid))[1])
+    x = torch.Tensor._make_subclass(_OnGpu, torch.randn(16, 64))
+    args, opts = _rms_args(x), {"num_warps": 4}
+    for _ in range(2):
+        launcher((1,), args, CONSTS, opts)
+    assert entered == [1, 1] and current == [0]
+    assert seen_at_compile == [1] * len(seen_at_compile) and len(compiles) == (1 if known else 2)
+    if known:
+        assert len(calls) == 1 and calls[0][1][3] == "stream 1"
+    _OnGpu.index = 0  # on the current device: the cached path enters no guard (Triton's path always does)
+    try:
+        launcher((1,), args, CONSTS, opts)
+    finally:
+        _OnGpu.index = 1
+    assert entered == [1, 1] + ([] if known else [0]) and current == [0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs of one process"
+)
+def test_gpu_ops_on_a_gpu_that_is_not_the_current_one():
+    """Every kernel family on the second GPU while the first is current (a model split over GPUs):
+    forward and backward right against float64 (the fallback), the current device unchanged."""
+    dev = torch.device("cuda", 1)
+    torch.cuda.set_device(0)
+    g = torch.Generator(device="cpu").manual_seed(7)
+
+    def rand(*shape, dtype=torch.bfloat16):
+        return (torch.randn(*shape, generator=g) * 0.5).to(dev, dtype).requires_grad_()
+
+    def check(name, fn, *inputs):
+        out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        ref_inputs = [t.detach().double().requires_grad_(t.requires_grad) if t.is_floating_point() else t for t in inputs]
+        refs = fn(*ref_inputs)
+        refs = refs if isinstance(refs, tuple) else (refs,)
+        torch.autograd.backward(refs, [torch.ones_like(r) for r in refs])
+        for o, r in zip(outs, refs):
+            assert o.device == dev and rel_err(o, r) <= 1e-2, name
+        for t, r in zip(inputs, ref_inputs):
+            if t.requires_grad:
+                assert t.grad is not None and rel_err(t.grad, r.grad) <= 1e-2, f"{name}: gradient"
+        assert torch.cuda.current_device() == 0, name
+
+    rows, hidden, vocab = 257, 1000, 3001
+    check("rms_norm", lambda x, w: F.rms_norm(x, w), rand(rows, hidden), rand(hidden))
+    check("layer_norm", lambda x, w, b: F.layer_norm(x, w, b), rand(rows, hidden), rand(hidden), rand(hidden))
+    check("fused_add_rms_norm", lambda x, r, w: F.fused_add_rms_norm(x, r, w), rand(rows, hidden), rand(rows, hidden),
+          rand(hidden))
+    check("swiglu", F.swiglu, rand(rows, hidden), rand(rows, hidden))
+    check("rope", lambda q, k, c, s_: F.rope(q, k, c, s_), rand(2, 8, 33, 64), rand(2, 2, 33, 64),
+          rand(1, 33, 64).detach(), rand(1, 33, 64).detach())
+    target = torch.randint(0, vocab, (rows,), generator=g).to(dev)
+    check("cross_entropy", lambda z, t: F.cross_entropy(z, t), rand(rows, vocab, dtype=torch.float32), target)
+    check("fused_linear_cross_entropy", lambda h, w, t: F.fused_linear_cross_entropy(h, w, t),
+          rand(rows, 256), rand(vocab, 256), target)
+    torch.cuda.synchronize(dev)
+
+
 # --------------------------------------------------------------------------- eager_apply
 
 

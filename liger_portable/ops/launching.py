@@ -107,6 +107,20 @@ def _direct(run: Any) -> tuple | None:
     return run.launch, run.launch_cooperative_grid, run.launch_pdl
 
 
+def _first_tensor(args: tuple) -> torch.Tensor | None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
+
+
+def _on_device_of(t: torch.Tensor | None) -> contextlib.AbstractContextManager:
+    """A context in which ``t``'s GPU is the current device (``torch.cuda.device``, ``torch.xpu.device``);
+    nothing for no tensor or a CPU one."""
+    index = -1 if t is None else t.get_device()
+    return getattr(torch, t.device.type).device(index) if index >= 0 else contextlib.nullcontext()
+
+
 class Launcher:
     """Launch one ``@triton.jit`` function: ``launcher(grid, args, consts, launch)``.
 
@@ -191,10 +205,20 @@ class Launcher:
             torch.library.wrap_triton(self.fn)[grid](*args, *rest, **launch)
             return
         if not (enabled and KNOWN_TRITON and self._names):
-            self.fn[grid](*args, **consts, **launch)
+            with _on_device_of(_first_tensor(args)):
+                self.fn[grid](*args, **consts, **launch)
+            return
+        # Triton launches on the current device (its stream, its compile target). Tensors on another
+        # GPU of the process (a model split over GPUs, device_map="auto") are launched with their
+        # own device made current for the call.
+        device = driver.active.get_current_device()
+        first = _first_tensor(args)
+        if first is not None and first.get_device() not in (device, -1):
+            with _on_device_of(first):
+                self(grid, args, consts, launch)
             return
         keyer = self._keyers.get(len(args)) or self._keyer(len(args))
-        key, values, pointers = keyer(launch, driver.active.get_current_device(), args, consts)
+        key, values, pointers = keyer(launch, device, args, consts)
         hit = self._cache.get(key)
         if hit is None or hit[0] is not launch or hooks_installed():
             self._slow(key, grid, args, consts, launch)
