@@ -7,11 +7,13 @@ and traces cleanly under ``torch.compile``.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Iterator
 
 import torch
 
-from .hardware import DeviceInfo, platform
+from . import configs
+from .hardware import DeviceInfo, on_reset, platform
 
 # A simulated GPU for CPU tensors: set by :func:`simulate` so that the Triton kernels run in the
 # Triton interpreter (TRITON_INTERPRET=1) with that device's launch configs. None in normal use.
@@ -56,7 +58,29 @@ def kernel_device(device: torch.device) -> DeviceInfo | None:
         return None
     if torch.compiler.is_compiling():
         return TRACED
-    return p.device(device.index)
+    info = p.device(device.index)
+    runs = _runs_kernels.get((info.backend, info.arch))
+    if runs is None:
+        runs = _judge(info)
+    return info if runs else None
+
+
+# (backend, arch) -> whether its devices run the Triton kernels (the vendor table's "unsupported")
+_runs_kernels: dict[tuple[str, str], bool] = {}
+on_reset(_runs_kernels.clear)
+
+
+def _judge(info: DeviceInfo) -> bool:
+    why = configs.load_table(info.backend).unsupported_reason(info.arch)
+    if why is not None:
+        warnings.warn(  # once per arch: the verdict is kept
+            f"liger_portable: {info.name} ({info.arch}) cannot run the Triton kernels: {why}. The PyTorch "
+            "fallback runs instead (the same results, without the kernels' fusion and memory savings)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    runs = _runs_kernels[(info.backend, info.arch)] = why is None
+    return runs
 
 
 def use_kernels(device: torch.device) -> bool:

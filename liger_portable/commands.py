@@ -292,6 +292,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                 i: [dict(zip(("kernel", "problem", "config", "source"), r)) for r in _configs_for(i)]
                 for i in range(p.device_count)
             }
+            refused = {i: configs.load_table(d.backend).unsupported_reason(d.arch)
+                       for i, d in ((i, p.device(i)) for i in range(p.device_count))}
+            out["unsupported"] = {i: why for i, why in refused.items() if why is not None}
             out["autotune_cache"] = {
                 i: [{"cache": label, "path": str(path), "entries": n, "current": current_entries(path)}
                     for label, path, n in cache_summary(p.device(i))]
@@ -312,6 +315,10 @@ def cmd_info(args: argparse.Namespace) -> int:
             f"device {i}: {d.name}  arch {d.arch}  warp {d.warp_size}  compute units {d.compute_units}  "
             f"shared mem/block {d.shared_mem_per_block} B  -> {table.path.name} [{section}]"
         )
+        why = table.unsupported_reason(d.arch)
+        if why is not None:
+            print(f"  not supported by the kernels, runs the pure-PyTorch fallback: {why}")
+            continue
         for label, path, n in cache_summary(d):
             print(f"  {label}: {path} ({entries_text(path, n)})")
         for kernel, label, cfg, source in _configs_for(i):

@@ -148,6 +148,14 @@ class Table:
     backend: str
     path: Path
     sections: dict[str, Section]
+    unsupported: tuple[tuple[tuple[str, ...], str], ...] = ()  # (arch patterns, why) the kernels cannot run on
+
+    def unsupported_reason(self, arch: str) -> str | None:
+        """Why the kernels cannot run on ``arch`` (the table's ``unsupported`` entry matching it), or None."""
+        for patterns, why in self.unsupported:
+            if any(fnmatch.fnmatchcase(arch, p) for p in patterns):
+                return why
+        return None
 
     def section_for(self, arch: str) -> Section:
         """The arch section for ``arch`` (exact name, then ``match`` patterns), else ``default``."""
@@ -245,7 +253,19 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
     missing = [k for k in SPECS if k not in sections["default"].kernels]
     if missing:
         raise ConfigError(f"{f} [default]: no entry for kernel(s) {', '.join(missing)}")
-    return Table(backend, path, sections)
+    unsupported = []
+    raw_unsupported = data.get("unsupported", [])
+    if not isinstance(raw_unsupported, list):
+        raise ConfigError(f"{f}: field 'unsupported' must be a list of {{\"match\": [arch patterns], \"why\": ...}}")
+    for i, entry in enumerate(raw_unsupported):
+        uw = f"{f} unsupported {i}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{uw}: must be an object with 'match' and 'why'")
+        match = _need(entry, "match", list, uw)
+        if not match or not all(isinstance(m, str) and m for m in match):
+            raise ConfigError(f"{uw}: field 'match' must be a non-empty list of arch patterns such as [\"sm6*\"]")
+        unsupported.append((tuple(match), _need(entry, "why", str, uw)))
+    return Table(backend, path, sections, tuple(unsupported))
 
 
 @functools.lru_cache(maxsize=None)

@@ -199,6 +199,11 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     if dev is None:
         print("liger-portable warmup: error: no GPU: a real warmup times kernels on the device; use --dry-run to list the work", file=sys.stderr)
         return 2
+    why = configs.load_table(dev.backend).unsupported_reason(dev.arch)
+    if why is not None:
+        print(f"liger-portable warmup: error: {dev.name} ({dev.arch}) cannot run the Triton kernels, so there is "
+              f"nothing to tune (the PyTorch fallback runs there): {why}", file=sys.stderr)
+        return 2
     from liger_portable.tuning import hooks  # late: the dry run needs no kernels
 
     hooks.register_all()

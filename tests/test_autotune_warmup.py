@@ -209,6 +209,20 @@ def test_real_run_tunes_every_problem_then_is_a_no_op(warmup, tmp_path, monkeypa
     assert len(timed) == n_timed  # the re-run timed nothing
 
 
+def test_real_run_on_an_unsupported_gpu_is_an_error(warmup, tmp_path, monkeypatch, capsys):
+    """A GPU Triton cannot compile the kernels for (a P100) has nothing to tune: one line saying why,
+    status 2, instead of compiler errors from the first tuned kernel."""
+    from liger_portable import warmup as warmup_mod
+    from liger_portable.hardware import DeviceInfo
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    p100 = DeviceInfo("cuda", 0, "Tesla P100-PCIE-16GB", "sm60", 32, 56, 1024, 49152)
+    monkeypatch.setattr(warmup_mod, "target_device", lambda: p100)
+    assert warmup.main([str(tmp_path), "--tokens", "32", "--seq-len", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Tesla P100-PCIE-16GB (sm60) cannot run the Triton kernels" in err and "sm_70" in err
+
+
 @pytest.mark.interpreter
 def test_real_run_that_cannot_save_fails(warmup, tmp_path, monkeypatch, capsys, request):
     """A warmup whose cache folder cannot be written (here a file stands where it should be) tunes

@@ -711,12 +711,41 @@ def test_unknown_arch_falls_back_to_default(backend, arch, warp):
 @pytest.mark.parametrize("backend, arch, section", [
     ("cuda", "sm90", "sm90"), ("cuda", "sm90a", "sm90"), ("cuda", "sm100", "sm100"), ("cuda", "sm103", "sm100"),
     ("cuda", "sm80", "sm80"), ("cuda", "sm86", "default"),
-    ("rocm", "gfx942", "gfx942"), ("rocm", "gfx90a", "gfx90a"), ("rocm", "gfx1030", "rdna"),
+    ("rocm", "gfx942", "gfx942"), ("rocm", "gfx90a", "gfx90a"), ("rocm", "gfx1250", "default"),
     ("rocm", "gfx1100", "rdna"), ("rocm", "gfx1201", "rdna"), ("rocm", "gfx940", "default"),
     ("xpu", "xe-hpc", "xe-hpc"), ("xpu", "xe-hpg", "xe-hpg"), ("xpu", "xe2", "xe2"),
 ])
 def test_section_for(backend, arch, section):
     assert load_table(backend).section_for(arch).name == section
+
+
+@pytest.mark.parametrize("backend, arch, unsupported", [
+    ("cuda", "sm60", True), ("cuda", "sm61", True), ("cuda", "sm52", True), ("cuda", "sm37", True),
+    ("cuda", "sm70", False), ("cuda", "sm75", False), ("cuda", "sm90", False), ("cuda", "sm120", False),
+    ("rocm", "gfx1030", True), ("rocm", "gfx1010", True), ("rocm", "gfx906", False), ("rocm", "gfx908", False),
+    ("rocm", "gfx942", False), ("rocm", "gfx1100", False), ("rocm", "gfx1201", False),
+    ("xpu", "xe-hpc", False), ("xpu", "xe2", False),
+])
+def test_unsupported_archs(backend, arch, unsupported):
+    """The archs Triton cannot compile these kernels for (sm60 fails in ptxas on the RMSNorm backward's
+    acquire-release atomics; gfx1030 is an unsupported target) are named in the vendor table, with why."""
+    why = load_table(backend).unsupported_reason(arch)
+    assert (why is not None) == unsupported and (why is None or "Triton" in why)
+
+
+@pytest.mark.parametrize("bad, error", [
+    ({"match": "sm6*", "why": "x"}, "unsupported 0: field 'match' must be list"),
+    ({"match": [], "why": "x"}, "unsupported 0: field 'match' must be a non-empty list"),
+    ({"match": ["sm6*"]}, "unsupported 0: missing field 'why'"),
+    ("sm6*", "unsupported 0: must be an object"),
+])
+def test_unsupported_entry_errors_name_the_field(tmp_path, bad, error):
+    data = json.loads((_paths.backends_dir() / "cuda.json").read_text())
+    data["unsupported"] = [bad]
+    (tmp_path / "cuda.json").write_text(json.dumps(data))
+    (tmp_path / "base.json").write_text((_paths.backends_dir() / "base.json").read_text())
+    with pytest.raises(ConfigError, match=re.escape(f"cuda.json {error}")):
+        load_table("cuda", str(tmp_path))
 
 
 def test_memoized_identical_object():

@@ -490,6 +490,57 @@ def test_use_kernels_true_for_cpu_tensors_under_simulate():
     assert _dispatch.use_kernels(torch.device("cpu")) is False
 
 
+def _p100() -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        name="Tesla P100-PCIE-16GB", major=6, minor=0, multi_processor_count=56, warp_size=32,
+        shared_memory_per_block_optin=49152, gcnArchName="Tesla P100-PCIE-16GB", total_memory=16_000_000_000,
+    )
+
+
+def _rx6900() -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        name="AMD Radeon RX 6900 XT", gcnArchName="gfx1030", major=10, minor=3, warp_size=32,
+        multi_processor_count=40, total_memory=17_000_000_000,
+    )
+
+
+@pytest.mark.parametrize("build, unsupported, arch", [
+    (dict(hip=None, cuda="12.8"), _p100, "sm60"),
+    (dict(hip="6.4.43482", cuda=None), _rx6900, "gfx1030"),
+])
+def test_unsupported_arch_runs_the_fallback_with_one_warning(monkeypatch, build, unsupported, arch):
+    """A GPU Triton cannot compile the kernels for (a P100: the backward's atomics need sm70; RDNA2:
+    an unsupported target) takes the PyTorch fallback with one warning saying why, instead of a
+    compiler error at the first call; on a mixed node the other GPU keeps the kernels."""
+    driver = FakeDriver(_h200 if build["hip"] is None else _mi300x)
+    driver.props[1] = unsupported()
+    simulate_cuda_build(monkeypatch, driver, **build)
+    with pytest.warns(RuntimeWarning, match=rf"\({arch}\) cannot run the Triton kernels: Triton.*PyTorch fallback") as rec:
+        assert _dispatch.kernel_device(torch.device("cuda", 1)) is None
+    assert len(rec) == 1 and driver.props[1].name in str(rec[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _dispatch.kernel_device(torch.device("cuda", 1)) is None  # said once
+        assert _dispatch.kernel_device(torch.device("cuda", 0)).arch in ("sm90", "gfx942")
+
+
+def test_info_names_an_unsupported_gpu(monkeypatch, capsys):
+    """`liger-portable info` on a mixed node says which GPU runs the fallback and why."""
+    from liger_portable import cli
+
+    driver = FakeDriver(_h200)
+    driver.props[1] = _p100()
+    simulate_cuda_build(monkeypatch, driver, hip=None, cuda="12.8")
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    device1 = out[out.index("device 1:"):]
+    assert "not supported by the kernels, runs the pure-PyTorch fallback: Triton" in device1
+    assert "not supported" not in out[:out.index("device 1:")]
+    assert cli.main(["info", "--json"]) == 0
+    unsupported = json.loads(capsys.readouterr().out)["unsupported"]
+    assert list(unsupported) == ["1"] and "sm_70" in unsupported["1"]
+
+
 def test_same_device_names_both_arguments():
     with pytest.raises(ValueError) as ei:
         _dispatch.same_device(hidden=torch.ones(2), weight=torch.empty(2, device="meta"))
