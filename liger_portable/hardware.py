@@ -368,13 +368,25 @@ def _rocm_device(index: int) -> DeviceInfo:
     )
 
 
-def xpu_arch(name: str) -> str:
-    """Intel GPU family from the device name: ``xe-hpc`` (Max / Ponte Vecchio, data centre),
-    ``xe2`` (Arc B-series, Lunar Lake), ``xe-hpg`` (Arc A-series, Flex, other client GPUs)."""
+# PCI device ids of Intel GPUs whose driver may report no marketing name ("Intel(R) Graphics [0x64a0]"):
+# Max 1550 and 1100 (Intel's Triton, device_specs.py), Arc B580 and B570 (the same file), Arc Pro B60
+# (torch-xpu-ops issue 2990) and Lunar Lake (intel-extension-for-pytorch issue 780).
+XPU_DEVICE_IDS = {0x0BD5: "xe-hpc", 0x0BDA: "xe-hpc", 0xE20B: "xe2", 0xE20C: "xe2", 0xE211: "xe2", 0x64A0: "xe2"}
+
+
+def xpu_arch(name: str, device_id: int | None = None) -> str:
+    """Intel GPU family from the PCI device id where known (:data:`XPU_DEVICE_IDS`; also read from a
+    name such as ``Intel(R) Graphics [0x64a0]``), else from the device name: ``xe-hpc`` (Max / Ponte
+    Vecchio, data centre), ``xe2`` (Arc B-series and Pro B-series, Lunar Lake's Arc 130V/140V),
+    ``xe-hpg`` (Arc A-series, Flex, other client GPUs)."""
     n = name.lower()
-    if "max" in n or "ponte vecchio" in n or "pvc" in n:
+    if device_id is None and (m := re.search(r"\[0x([0-9a-f]{4})\]", n)):
+        device_id = int(m.group(1), 16)
+    if device_id in XPU_DEVICE_IDS:
+        return XPU_DEVICE_IDS[device_id]
+    if re.search(r"\bmax\b", n) or "ponte vecchio" in n or "pvc" in n:
         return "xe-hpc"
-    if re.search(r"\bb\d{3}\b", n) or "battlemage" in n or "lunar lake" in n or "xe2" in n:
+    if re.search(r"\bb\d{2,3}\b|\b1[34]0v\b|\bxe2\b", n) or "battlemage" in n or "lunar lake" in n:
         return "xe2"
     return "xe-hpg"
 
@@ -386,7 +398,7 @@ def _xpu_device(index: int) -> DeviceInfo:
         backend="xpu",
         index=index,
         name=p.name,
-        arch=xpu_arch(p.name),
+        arch=xpu_arch(p.name, getattr(p, "device_id", None)),
         # Triton's Intel backend launches 32 work-items per "warp" unless threads_per_warp says otherwise.
         warp_size=32 if 32 in sub_groups else max(sub_groups),
         compute_units=int(getattr(p, "gpu_subslice_count", 0) or getattr(p, "gpu_eu_count", 0) or 1),

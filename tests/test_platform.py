@@ -265,10 +265,35 @@ def test_cpu_build(monkeypatch):
         ("Intel(R) Arc(TM) B580 Graphics", "xe2"),
         ("Intel(R) Arc(TM) A770 Graphics", "xe-hpg"),
         ("Intel(R) Data Center GPU Flex 170", "xe-hpg"),
+        ("Intel(R) Arc(TM) Pro B60 Graphics", "xe2"),
+        ("Intel(R) Arc(TM) Pro B50 Graphics", "xe2"),
+        ("Intel(R) Arc(TM) B570 Graphics", "xe2"),
+        ("Intel(R) Arc(TM) 140V GPU (16GB)", "xe2"),
+        # drivers that do not know the marketing name report the PCI id
+        ("Intel(R) Graphics [0x64a0]", "xe2"),
+        ("Intel(R) Graphics [0x0bd5]", "xe-hpc"),
+        ("Intel(R) Graphics [0xe20b]", "xe2"),
+        ("Intel(R) Graphics [0xe2ff]", "xe-hpg"),  # an unknown id: "xe2" in its hex digits decides nothing
     ],
 )
 def test_xpu_arch_from_name(name, arch):
     assert hardware.xpu_arch(name) == arch
+
+
+def test_xpu_arch_from_the_device_id(monkeypatch):
+    """The PCI device id decides where it is known, whatever the name says (Intel's Triton names its
+    targets from the device, not the marketing name)."""
+    assert hardware.xpu_arch("Intel(R) Graphics", 0xE211) == "xe2"
+    assert hardware.xpu_arch("Intel(R) Graphics", 0x0BDA) == "xe-hpc"
+    assert hardware.xpu_arch("Intel(R) Graphics", 0x1234) == "xe-hpg"
+
+    def b60():
+        props = _b580()
+        props.name, props.device_id = "Intel(R) Graphics", 0xE211
+        return props
+
+    simulate_xpu_build(monkeypatch, FakeDriver(b60))
+    assert hardware.platform().device(0).arch == "xe2"
 
 
 @pytest.mark.parametrize(
