@@ -351,11 +351,20 @@ def rocm_arch(gcn_arch_name: str) -> str:
     return gcn_arch_name.split(":", 1)[0].strip()
 
 
+# LDS a work-group may use where PyTorch's ROCm build does not say (it binds no
+# shared_memory_per_block_optin): 160 KiB on CDNA4 (ROCm's GPU specifications: MI350X/MI355X), else 64 KiB.
+ROCM_LDS_BYTES = {"gfx950": 163840}
+
+
 def _rocm_device(index: int) -> DeviceInfo:
     p = torch.cuda.get_device_properties(index)
     arch = rocm_arch(getattr(p, "gcnArchName", "") or "")
-    # RDNA (gfx10xx-gfx12xx) runs wave32, CDNA (gfx9xx) wave64.
-    default_warp = 32 if re.match(r"gfx1[0-2]", arch) else 64
+    # As Triton's AMD backend: gfx10 and later (RDNA) run wave32, gfx9 (CDNA, Vega) wave64.
+    major = arch[3:-2]
+    default_warp = 32 if major.isdigit() and int(major) >= 10 else 64
+    shared = getattr(p, "shared_memory_per_block_optin", 0) or max(
+        int(getattr(p, "shared_memory_per_block", 0) or 0), ROCM_LDS_BYTES.get(arch, 65536)
+    )
     return DeviceInfo(
         backend="rocm",
         index=index,
@@ -364,7 +373,7 @@ def _rocm_device(index: int) -> DeviceInfo:
         warp_size=int(getattr(p, "warp_size", default_warp)),
         compute_units=p.multi_processor_count,
         max_threads_per_block=int(getattr(p, "max_threads_per_block", 1024)),
-        shared_mem_per_block=int(getattr(p, "shared_memory_per_block_optin", 0) or 65536),
+        shared_mem_per_block=int(shared),
     )
 
 

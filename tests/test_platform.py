@@ -41,20 +41,27 @@ def _h200() -> types.SimpleNamespace:
     )
 
 
+# ROCm builds of PyTorch bind neither shared_memory_per_block_optin nor max_threads_per_block
+# (pytorch/pytorch#198198): the fakes carry what a ROCm build has.
 def _mi300x() -> types.SimpleNamespace:
     # Capability (9, 4) looks like an NVIDIA sm94: the vendor must come from torch.version.hip.
     return types.SimpleNamespace(
         name="AMD Instinct MI300X", gcnArchName="gfx942:sramecc+:xnack-", major=9, minor=4,
-        warp_size=64, multi_processor_count=304, max_threads_per_block=1024,
-        shared_memory_per_block_optin=65536, total_memory=205_000_000_000,
+        warp_size=64, multi_processor_count=304, shared_memory_per_block=65536, total_memory=205_000_000_000,
+    )
+
+
+def _mi355x() -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        name="AMD Instinct MI355X", gcnArchName="gfx950:sramecc+:xnack-", major=9, minor=5,
+        warp_size=64, multi_processor_count=256, shared_memory_per_block=65536, total_memory=288_000_000_000,
     )
 
 
 def _rdna3() -> types.SimpleNamespace:
     return types.SimpleNamespace(
         name="AMD Radeon RX 7900 XTX", gcnArchName="gfx1100", major=11, minor=0, warp_size=32,
-        multi_processor_count=48, max_threads_per_block=1024, shared_memory_per_block_optin=65536,
-        total_memory=25_000_000_000,
+        multi_processor_count=48, shared_memory_per_block=65536, total_memory=25_000_000_000,
     )
 
 
@@ -129,6 +136,10 @@ VENDORS = {
     "amd-mi300x": dict(
         props=_mi300x, build=dict(hip="6.4.43482", cuda=None), backend="rocm", arch="gfx942", warp=64,
         compute_units=304, shared=65536, slug="AMD_Instinct_MI300X", section="gfx942", torch_type="cuda",
+    ),
+    "amd-mi355x": dict(
+        props=_mi355x, build=dict(hip="7.0.51831", cuda=None), backend="rocm", arch="gfx950", warp=64,
+        compute_units=256, shared=163840, slug="AMD_Instinct_MI355X", section="gfx950", torch_type="cuda",
     ),
     "amd-rdna3": dict(
         props=_rdna3, build=dict(hip="6.4.43482", cuda=None), backend="rocm", arch="gfx1100", warp=32,
@@ -228,16 +239,26 @@ def test_cuda_build_ignores_gcn_arch_name(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "make_props, arch, warp", [(_mi300x, "gfx942", 64), (_rdna3, "gfx1100", 32)], ids=["cdna", "rdna"]
+    "make_props, arch, warp",
+    [(_mi300x, "gfx942", 64), (_rdna3, "gfx1100", 32), (lambda: _gfx("gfx1300"), "gfx1300", 32),
+     (lambda: _gfx("gfx90a:sramecc+:xnack-"), "gfx90a", 64)],
+    ids=["cdna", "rdna", "gfx13", "gfx90a"],
 )
 def test_rocm_warp_size_default_without_property(monkeypatch, make_props, arch, warp):
-    """Without a warp_size property, CDNA (gfx9xx) is wave64 and RDNA (gfx10-12xx) wave32."""
+    """Without a warp_size property, the rule of Triton's AMD backend: gfx10 and later (RDNA and
+    whatever follows) wave32, gfx9 (CDNA) wave64."""
     driver = FakeDriver(make_props)
     for p in driver.props:
         del p.warp_size
     simulate_cuda_build(monkeypatch, driver, hip="6.4.43482", cuda=None)
     dev = platform().device(0)
     assert (dev.arch, dev.warp_size) == (arch, warp)
+
+
+def _gfx(gcn: str) -> types.SimpleNamespace:
+    props = _rdna3()
+    props.gcnArchName = gcn
+    return props
 
 
 def test_rocm_build_without_gpu_is_cpu(monkeypatch):
