@@ -394,6 +394,37 @@ def test_kernel_interpreter_big_vocab(simulated_device, poison):
 
 
 @pytest.mark.interpreter
+def test_kernel_interpreter_vocab_blocks_smoothing_and_row_scales(poison):
+    """An explicit BLOCK_V of 2048 over V=5000: three column blocks, the last one partial (no table
+    is needed to get several: the tables' BLOCK_V depends on the vendor and may grow). fp32, so
+    an error of one part in 1e4 shows.
+
+    - Label smoothing with the row maximum rising in the second and third blocks (those columns
+      lifted by 3 and 6): the running sum of ``z - max`` kept over the earlier blocks must be
+      shifted to each new max, or the loss is off by ~3%. Across a table's blocks the max
+      of random logits rarely rises by much, so the other tests cannot see it.
+    - The per-row factors of ``reduction="none"`` (scale_rows_, as the backward applies the
+      incoming gradient) must reach every column block, the partial last one included."""
+    from liger_portable import simulate
+    from liger_portable.configs import make_resolved
+    from liger_portable.ops.cross_entropy import ce_rows, scale_rows_
+
+    from conftest import SIMULATED_DEVICES
+
+    x, t = _inputs(3, 5000, torch.float32, seed=21, ignore_frac=0)
+    x[:, 2048:] += 3.0
+    x[:, 4096:] += 6.0
+    go = torch.randn(3, generator=torch.Generator().manual_seed(22))
+    ref_loss, _, ref_dx = reference(x, t, reduction="none", label_smoothing=0.1, grad_out=go)
+    cfg = make_resolved("cross_entropy", {"num_warps": 4, "BLOCK_V": 2048})
+    g = torch.empty_like(x)
+    with simulate(SIMULATED_DEVICES["cuda-sm90"]):
+        loss, _ = ce_rows(x, t, label_smoothing=0.1, grad=g, config=cfg)
+        scale_rows_(g, go, config=cfg)
+    assert rel_err(loss, ref_loss) <= 1e-5 and rel_err(g, ref_dx) <= 1e-5, (rel_err(loss, ref_loss), rel_err(g, ref_dx))
+
+
+@pytest.mark.interpreter
 def test_kernel_interpreter_compile_fullgraph(simulated_device):
     x, t = _inputs(5, 300, torch.float32)
     go = torch.randn(5)

@@ -461,3 +461,38 @@ def test_kernel_interpreter_persistent_loop(poison, n_cols, mode, offset):
 
     with simulate(dataclasses.replace(SIMULATED_DEVICES["cuda-sm90"], compute_units=3)):
         _run_and_compare(*_inputs((150, n_cols), torch.float32, seed=n_cols), torch.float32, mode, offset)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("single_pass", [True, False], ids=["registers", "looped"])
+def test_kernel_interpreter_one_source_fp16_and_strided_ds(poison, single_pass):
+    """fp16, explicit configs (BLOCK_N_MAX 512 holds the 300 columns in registers, 128 loops over
+    them, the second pass recomputing the sum from x and r). The forward normalises the sum rounded
+    to fp16, as the unfused code does: y and rstd are RMSNorm's kernel on the fused kernel's own s,
+    bit for bit (normalising the unrounded fp32 sum is one rounding off, under fp16's 1e-2; fp32
+    cannot tell the two apart, and bf16 cannot be bitwise here: the interpreter truncates to bf16).
+    The backward reads ds, a column slice of a wider buffer (its row stride is not dx's), as it
+    reads ds.contiguous(), bit for bit, and matches float64."""
+    from liger_portable import simulate
+    from liger_portable.configs import make_resolved
+    from liger_portable.ops import rms_norm as ops
+
+    from conftest import SIMULATED_DEVICES
+
+    x, r, w, dy, _ = _inputs((7, 300), torch.float16, seed=9)
+    ds = torch.randn(7, 364, generator=torch.Generator().manual_seed(10)).half()[:, :300]
+    assert ds.stride() == (364, 1)
+    block = 512 if single_pass else 128
+    cfg = {"num_warps": 2, "BLOCK_M": 4, "BLOCK_N_MAX": block}
+    fwd, same_fwd = (make_resolved(k, cfg) for k in ("fused_add_rms_norm_fwd", "rms_norm_fwd"))
+    bwd = make_resolved("fused_add_rms_norm_bwd", {**cfg, "BLOCK_M": 2, "PROGRAMS_PER_CU": 1})
+    with simulate(SIMULATED_DEVICES["cuda-sm80"]):
+        y, s, rstd = ops.fused_add_rms_norm_fwd(x, r, w, 1e-6, 0.0, False, config=fwd)
+        uy, urstd = ops.rms_norm_fwd(s, w, 1e-6, 0.0, False, config=same_fwd)
+        dsum, dw = ops.fused_add_rms_norm_bwd(dy, ds, s, w, rstd, 0.0, False, config=bwd)
+        dsum_c, dw_c = ops.fused_add_rms_norm_bwd(dy, ds.contiguous(), s, w, rstd, 0.0, False, config=bwd)
+    assert torch.equal(s, x + r)
+    assert torch.equal(rstd, urstd) and torch.equal(y, uy), (y != uy).float().mean().item()
+    assert torch.equal(dsum, dsum_c) and torch.equal(dw, dw_c)
+    _, _, rdx, _, rdw = _reference(x, r, w, dy, ds, 1e-6, 0.0, "llama")
+    assert rel_err(dsum, rdx) <= TOL[torch.float16] and rel_err(dw, rdw) <= TOL[torch.float16]

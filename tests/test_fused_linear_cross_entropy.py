@@ -231,7 +231,9 @@ def test_chunk_rows_rule():
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids["dtype"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_kernel_interpreter(simulated_device, poison, small_chunks, dtype, reduction):
-    """V=1000 (odd; several chunks of 8-16 rows), one option set per (dtype, reduction)."""
+    """V=1000 (odd), one option set per (dtype, reduction). The 19 tokens are one chunk (the
+    default chunk holds at least FLOOR_MIB units of logits, 512 KiB here); several chunks:
+    test_kernel_interpreter_half_mean_chunks and test_kernel_interpreter_chunk_mib."""
     i = DTYPES.index(dtype) * 3 + REDUCTIONS.index(reduction)
     opts = list(OPTIONS.values())[i % len(OPTIONS)]
     h, w, b, t = _inputs(19, 16, 1000, dtype, bias=i % 2 == 0, seed=i)
@@ -369,6 +371,32 @@ def test_kernel_interpreter_chunk_mib(simulated_device, poison, small_chunks, mo
         assert calls == [8, 8, 4] * (2 if reduction == "none" else 1)
         for out, r in ((loss, ref[0]), (hl.grad, ref[2]), (wl.grad, ref[3]), (bl.grad, ref[4])):
             assert rel_err(out, r) <= 1e-5
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=_ids["dtype"])
+def test_kernel_interpreter_half_mean_chunks(simulated_device, poison, small_chunks, monkeypatch, dtype):
+    """The mean over three chunks (chunk_mib 3 of 2 KiB units over V=301 half rows of 602 B: 10
+    rows, rounded down to 8) in the half dtypes, with a bias, label smoothing and ignored tokens
+    (the count is not the rows): the weight and bias gradients add up over the chunks, grad_hidden
+    gets each chunk's rows, and the mean's 1/count is applied once, by the kernel (bf16) or after
+    the last chunk (fp16, whose kernel writes 4096 x the gradient of the sum)."""
+    if simulated_device.arch not in ("sm90", "gfx942"):
+        pytest.skip("host-side chunking: two tables (warp sizes 32 and 64) are enough")
+    calls = []
+    real = fl_ops.ce_rows
+    monkeypatch.setattr(fl_ops, "ce_rows", lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k))
+    h, w, b, t = _inputs(21, 16, 301, dtype, seed=5)
+    assert (t == -100).any() and (t != -100).any()
+    ref = flce_reference(h, w, b, t, reduction="mean", opts=OPTIONS["smooth"], grad_out=torch.tensor(1.0))
+    hl, wl, bl = (x.clone().requires_grad_() for x in (h, w, b))
+    loss = F.fused_linear_cross_entropy(hl, wl, t, bl, label_smoothing=0.1, chunk_mib=3)
+    loss.backward()
+    assert calls == [8, 8, 5]
+    assert loss.dtype == torch.float32 and hl.grad.dtype == wl.grad.dtype == bl.grad.dtype == dtype
+    for name, out, r in (("loss", loss, ref[0]), ("dhidden", hl.grad, ref[2]), ("dweight", wl.grad, ref[3]),
+                         ("dbias", bl.grad, ref[4])):
+        assert rel_err(out, r) <= TOL[dtype], (name, rel_err(out, r))
 
 
 def test_default_chunk_rows():

@@ -340,10 +340,16 @@ def test_kernel_interpreter_strided_input(simulated_device, poison):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("compute_units", [96, 1], ids=["96 CUs", "1 CU"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_kernel_interpreter_looped_multirow_config(poison, bias):
+def test_kernel_interpreter_looped_multirow_config(poison, bias, compute_units):
     """Explicit configs (as the tuner passes them): several rows per program on the looped path,
-    rows and columns that straddle the blocks."""
+    rows and columns that straddle the blocks. With 96 compute units each of the four backward
+    row blocks has a program of its own; with one, a single program walks all four and its weight
+    and bias gradient partials must add up over them (the 96-unit case cannot tell a partial
+    overwritten by each row block from one accumulated)."""
+    import dataclasses
+
     from liger_portable.configs import make_resolved
     from liger_portable import simulate
     from liger_portable.ops import layer_norm as ops
@@ -353,7 +359,7 @@ def test_kernel_interpreter_looped_multirow_config(poison, bias):
     x, w, b, dy = _inputs((7, 300), torch.float16, bias=bias)
     fwd = make_resolved("layer_norm_fwd", {"num_warps": 2, "BLOCK_M": 4, "BLOCK_N_MAX": 128})
     bwd = make_resolved("layer_norm_bwd", {"num_warps": 2, "BLOCK_M": 2, "BLOCK_N_MAX": 128, "PROGRAMS_PER_CU": 1})
-    with simulate(SIMULATED_DEVICES["rocm-rdna"]):
+    with simulate(dataclasses.replace(SIMULATED_DEVICES["rocm-rdna"], compute_units=compute_units)):
         y, mean, rstd = ops.layer_norm_fwd(x, w, b, EPS, config=fwd)
         dx, dw, db = ops.layer_norm_bwd(dy, x, w, b, mean, rstd, config=bwd)
     ry, rdx, rdw, rdb = _reference(x, w, b, dy, EPS)

@@ -380,3 +380,52 @@ def test_module_checks_its_options_at_construction():
         lnn.RMSNorm(8, offset=float("nan"))
     m = lnn.RMSNorm(8, eps=1e-5, offset=1.0, casting_mode="gemma", init="zeros")
     assert m.variance_epsilon == 1e-5 and m.offset == 1.0
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("single_pass", [True, False], ids=["registers", "looped"])
+@pytest.mark.parametrize("mode,offset", MODES)
+def test_kernel_interpreter_cast_order_and_row_blocks(poison, partial_sums, single_pass, mode, offset):
+    """fp16 rows of a small magnitude (mean square ~4e-6, eps 1e-6 about a quarter of it) with an
+    fp32 weight, explicit configs (BLOCK_N_MAX 512 holds the 300 columns in registers, 128 loops
+    over them) on a 1-compute-unit device, so one backward program walks all four row blocks (its
+    partial summed in the launch or after it).
+
+    - rstd: the float64 ``rsqrt(mean(x^2) + eps)`` (eps counted once) within 1e-5.
+    - y: given the kernel's own rstd, bit for bit the casting mode's rounding order written out in
+      PyTorch: llama rounds ``x * rstd`` to fp16 before the weight product (HF's LlamaRMSNorm),
+      gemma multiplies in fp32; both round the product to fp16. A swapped order is one rounding,
+      under the 1e-2 of the half-precision comparisons; the interpreter rounds fp32 to fp16 as
+      PyTorch does (not to bf16: it truncates), so the check is in fp16.
+    - dw (fp32, summed over every row block of the program): the float64 sum of ``dy * xhat``
+      with xhat rounded to fp16 in llama mode only, within 1e-5 (the rounding moves it ~1e-4).
+    - dx: the float64 fallback, at fp16's 1e-2."""
+    import dataclasses
+
+    from liger_portable import simulate
+    from liger_portable.configs import make_resolved
+    from liger_portable.ops import rms_norm as ops
+
+    from conftest import SIMULATED_DEVICES
+
+    eps, gemma = 1e-6, mode == "gemma"
+    x, _, dy = _inputs((7, 300), torch.float32, seed=13)
+    x = (x * 1e-3).half()
+    dy = dy.half()
+    w = torch.rand(300, generator=torch.Generator().manual_seed(14)) + 0.5
+    block = 512 if single_pass else 128
+    fwd = make_resolved("rms_norm_fwd", {"num_warps": 2, "BLOCK_M": 4, "BLOCK_N_MAX": block})
+    bwd = make_resolved("rms_norm_bwd", {"num_warps": 2, "BLOCK_M": 2, "BLOCK_N_MAX": block, "PROGRAMS_PER_CU": 1})
+    with simulate(dataclasses.replace(SIMULATED_DEVICES["rocm-rdna"], compute_units=1)):
+        y, rstd = ops.rms_norm_fwd(x, w, eps, offset, gemma, config=fwd)
+        dx, dw = ops.rms_norm_bwd(dy, x, w, rstd, offset, gemma, config=bwd)
+    xd = x.double()
+    assert rel_err(rstd[:-1], torch.rsqrt(xd.pow(2).mean(-1) + eps)) <= 1e-5
+    xhat = x.float() * rstd[:-1, None]
+    if not gemma:
+        xhat = xhat.half().float()
+    expect = (xhat * (w + offset)).half()
+    assert y.dtype == torch.float16 and torch.equal(y, expect), (y != expect).float().mean().item()
+    assert dw.dtype == torch.float32 and rel_err(dw, (dy.double() * xhat.double()).sum(0)) <= 1e-5
+    _, rdx, _ = _reference(x, w, dy, eps, offset, mode)
+    assert rel_err(dx, rdx) <= TOL[torch.float16]

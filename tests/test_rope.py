@@ -375,6 +375,53 @@ def test_kernel_interpreter_only_one_gradient(simulated_device, poison):
     assert rel_err(qb.grad, rdq) <= 1e-5
 
 
+def _rope_of_views(views, shape, cos, sin, seed):
+    """F.rope of ``(q, k) = views(leaf)`` for a random leaf of ``shape``, with output gradients
+    ``views(another)``: the outputs and the leaf's gradient against float64."""
+    g = torch.Generator().manual_seed(seed)
+    leaf = torch.randn(shape, generator=g).requires_grad_()
+    dq, dk = views(torch.randn(shape, generator=g))
+    oq, ok = F.rope(*views(leaf), cos, sin)
+    torch.autograd.backward([oq, ok], [dq, dk])
+    leaf64 = leaf.detach().double().requires_grad_()
+    rq, rk = hf_apply_rotary_pos_emb(*views(leaf64), cos.double(), sin.double())
+    torch.autograd.backward([rq, rk], [dq.double(), dk.double()])
+    errs = {"q": rel_err(oq, rq), "k": rel_err(ok, rk), "grad": rel_err(leaf.grad, leaf64.grad)}
+    assert all(e <= 1e-5 for e in errs.values()), errs
+    return leaf
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_non_dense_views_and_cos_sin_strides(simulated_device, poison):
+    """q and k (and the gradients of their outputs) that are not dense, with sin a column slice of
+    a wider buffer (row stride 2D, cos's is D). The outputs are new dense tensors, which the kernel
+    must write through their own strides, not the inputs' (the two agree for a dense input; every
+    other test's q and k are dense or copied), and cos and sin must each be read at their own row
+    stride (every other test builds them alike). First q and k broadcast over the batch (batch
+    stride 0: outputs written with the inputs' strides would leave the second batch element
+    unwritten, NaN), then, as Hugging Face gets them, views of one fused qkv projection
+    ``(B, S, Hq + 2 Hk, D)`` in the transposed layout, each skipping the other heads. cos is the
+    first S rows of a longer cache, so that cos and sin read at each other's stride stay inside
+    their buffers (wrong values, not a crash)."""
+    b, s, hq, hk, d = 2, 5, 3, 1, 64
+    g = torch.Generator().manual_seed(8)
+    cos = torch.randn(1, 2 * s, d, generator=g)[:, :s]
+    sin = torch.randn(1, s, 2 * d, generator=g)[..., :d]
+    assert sin.stride(1) == 2 * cos.stride(1)
+
+    def broadcast(t):
+        return t[:, :hq].expand(b, -1, -1, -1), t[:, hq:].expand(b, -1, -1, -1)
+
+    _rope_of_views(broadcast, (1, hq + hk, s, d), cos, sin, seed=9)
+
+    def fused_qkv(t):
+        return t[:, :, :hq].transpose(1, 2), t[:, :, hq : hq + hk].transpose(1, 2)
+
+    assert not fused_qkv(torch.empty(b, s, hq + 2 * hk, d))[0].is_contiguous()
+    qkv = _rope_of_views(fused_qkv, (b, s, hq + 2 * hk, d), cos, sin, seed=10)
+    assert not qkv.grad[:, :, hq + hk :].any()
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize(
     "block_s,num_warps,heads,n_q,n_k",
