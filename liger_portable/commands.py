@@ -329,6 +329,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     p = platform()
+    why = None  # why the device cannot run the kernels
     if p.backend == "cpu":
         device = torch.device("cpu")
         where = "cpu (PyTorch fallback)"
@@ -339,6 +340,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         device = torch.device(p.torch_device_type, args.device)
         d = p.device(args.device)
         where = f"{d.name} ({p.backend} {d.arch})"
+        why = configs.load_table(d.backend).unsupported_reason(d.arch)
+        if why is not None:  # the check would compare the fallback with itself
+            where += f": not supported by the kernels, so this checks the PyTorch fallback ({why})"
     print(f"liger-portable check on {where}")
     failures = 0
     t0 = time.perf_counter()
@@ -348,7 +352,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             failures += not r.ok
             dt = str(r.dtype).removeprefix("torch.")
             print(f"  {'PASS' if r.ok else 'FAIL'}  {r.name:<18} {dt:<9} {str(r.shape):<12} {r.detail}")
-    if p.backend != "cpu":
+    if p.backend != "cpu" and why is None:
         for kernel, label, cfg, source in _configs_for(args.device):
             print(f"  config {kernel:<14} {label}: {cfg} ({source})")
     status = "all passed" if failures == 0 else f"{failures} FAILED"

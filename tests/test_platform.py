@@ -587,6 +587,24 @@ def test_info_names_an_unsupported_gpu(monkeypatch, capsys):
     assert list(unsupported) == ["1"] and "sm_70" in unsupported["1"]
 
 
+def test_check_on_an_unsupported_gpu_says_it_checks_the_fallback(monkeypatch, capsys):
+    """`liger-portable check` on a GPU the kernels do not support would compare the fallback with
+    itself: it says so (and lists no kernel configs)."""
+    from liger_portable import cli, commands
+
+    driver = FakeDriver(_h200)
+    driver.props[1] = _p100()
+    simulate_cuda_build(monkeypatch, driver, hip=None, cuda="12.8")
+    monkeypatch.setattr(commands, "CHECK_CASES", [])  # the cases would need the real GPU
+    assert cli.main(["check", "--device", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Tesla P100-PCIE-16GB (cuda sm60): not supported by the kernels, so this checks the PyTorch fallback" in out
+    assert "config " not in out
+    assert cli.main(["check", "--device", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "not supported" not in out and "config rms_norm_fwd" in out
+
+
 def test_same_device_names_both_arguments():
     with pytest.raises(ValueError) as ei:
         _dispatch.same_device(hidden=torch.ones(2), weight=torch.empty(2, device="meta"))
