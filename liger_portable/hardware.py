@@ -254,6 +254,10 @@ def _triton_version() -> str | None:
     return triton.__version__
 
 
+# Names users reach for that are not the backends' own.
+_VENDOR_NAMES = {"nvidia": "cuda", "hip": "rocm", "amd": "rocm", "intel": "xpu"}
+
+
 def _build_platform() -> Platform:
     detected = _detect_backend()
     requested = os.environ.get(ENV_BACKEND, "").strip().lower()
@@ -261,8 +265,10 @@ def _build_platform() -> Platform:
         backend, source = detected, "detected"
     else:
         if requested not in BACKENDS:
+            meant = _VENDOR_NAMES.get(requested)
+            hint = f" (for {requested!r} it is {meant!r})" if meant else ""
             raise PlatformError(
-                f"{ENV_BACKEND}={requested!r} is not a backend; use one of {', '.join(BACKENDS)} "
+                f"{ENV_BACKEND}={requested!r} is not a backend; use one of {', '.join(BACKENDS)}{hint} "
                 "or unset it to detect the hardware"
             )
         if requested not in ("cpu", detected) and _build_offers(requested):

@@ -497,6 +497,14 @@ def test_env_bogus_lists_choices(monkeypatch):
         assert b in msg
 
 
+@pytest.mark.parametrize("value, meant", [("hip", "rocm"), ("AMD", "rocm"), ("nvidia", "cuda"), ("intel", "xpu")])
+def test_env_vendor_name_points_to_its_backend(monkeypatch, value, meant):
+    simulate(monkeypatch, "nvidia-h200")
+    monkeypatch.setenv(ENV_BACKEND, value)
+    with pytest.raises(PlatformError, match=rf"is not a backend; use one of .* \(for '{value.lower()}' it is '{meant}'\)"):
+        platform()
+
+
 @pytest.mark.parametrize("value", ["cuda", " CUDA "])
 def test_env_naming_detected_backend(monkeypatch, value):
     simulate(monkeypatch, "nvidia-h200")
