@@ -84,11 +84,12 @@ def _judge(info: DeviceInfo) -> bool:
 
 
 def use_kernels(device: torch.device) -> bool:
-    """True if tensors on ``device`` run the Triton kernels, False for the PyTorch fallback."""
+    """True if tensors on ``device`` run the Triton kernels, False for the PyTorch fallback (a CPU
+    tensor outside :func:`simulate`, another backend's device, or a GPU the kernels do not support)."""
     if device.type == "cpu":
         return _SIMULATED is not None
     p = platform()
-    return p.backend != "cpu" and device.type == p.torch_device_type
+    return p.backend != "cpu" and device.type == p.torch_device_type and kernel_device(device) is not None
 
 
 def device_info(t: torch.Tensor) -> DeviceInfo:

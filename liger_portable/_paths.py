@@ -69,6 +69,8 @@ def _temporary_cache_dir() -> Path:
         shared.mkdir(mode=0o700, exist_ok=True)
         st = os.lstat(shared)
         own = stat.S_ISDIR(st.st_mode) and (uid is None or st.st_uid == uid)
+        if own and st.st_mode & 0o077:  # ours, but made open (an older version, a umask): private again
+            os.chmod(shared, 0o700)
     except OSError:
         own = False
     if own:

@@ -200,9 +200,16 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
         print("liger-portable warmup: error: no GPU: a real warmup times kernels on the device; use --dry-run to list the work", file=sys.stderr)
         return 2
     why = configs.load_table(dev.backend).unsupported_reason(dev.arch)
-    if why is not None:
-        print(f"liger-portable warmup: error: {dev.name} ({dev.arch}) cannot run the Triton kernels, so there is "
-              f"nothing to tune (the PyTorch fallback runs there): {why}", file=sys.stderr)
+    refused = [f"{dev.name} ({dev.arch})"] if why is not None else []
+    if distributed:  # decided together: a rank leaving alone would leave the others waiting in collectives
+        import torch.distributed as dist
+
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, refused)
+        refused = sorted({r for rank_refused in everyone for r in rank_refused})
+    if refused:
+        print(f"liger-portable warmup: error: {', '.join(refused)} cannot run the Triton kernels, so there is "
+              f"nothing to tune (the PyTorch fallback runs there){': ' + why if why else ''}", file=sys.stderr)
         return 2
     from liger_portable.tuning import hooks  # late: the dry run needs no kernels
 

@@ -20,12 +20,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 import time
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+
+import liger_portable
 
 from liger_portable import autotune_cache, configs, _paths, hardware, specs, tuning
 from liger_portable.tuning import runtime, search, timing
@@ -552,6 +555,42 @@ def _hook(times: dict | None = None):
     return hook
 
 
+def test_run_time_tuning_runs_on_the_devices_gpu(monkeypatch):
+    """Tuning for tensors on a GPU that is not the current one (a model split over GPUs) makes that
+    GPU current while the inputs are built and timed (the timing's events and streams are the
+    current device's); a simulated device (CPU tensors) enters no device."""
+    import contextlib
+
+    entered = []
+
+    @contextlib.contextmanager
+    def device(index):
+        entered.append(("device", index))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(runtime, "platform", lambda: types.SimpleNamespace(backend="cuda"))  # a CUDA machine
+    with liger_portable.simulate(None):
+        with runtime.on_device(DeviceInfo("cuda", 1, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)):
+            entered.append("inside")
+    assert entered == [("device", 1), "inside"]
+    with liger_portable.simulate(H200), runtime.on_device(H200):
+        assert entered == [("device", 1), "inside"]
+    # run-time tuning goes through it, the hook's inputs built inside
+    hook = _hook()
+
+    def hooked(device, named, dtype):
+        entered.append(("hook", device.index))
+        return hook(device, named, dtype)
+
+    monkeypatch.setattr(runtime, "on_device", lambda d: device(d.index))
+    runtime.register_hook(KERNEL, hooked)
+    monkeypatch.setenv(ENV_AUTOTUNE, "1")
+    on_gpu1 = DeviceInfo("cuda", 1, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
+    resolve(KERNEL, on_gpu1, PROBLEM, torch.bfloat16)
+    assert entered[2:] == [("device", 1), ("hook", 1)]
+
+
 def test_miss_without_env_uses_table_and_does_not_tune():
     hook = _hook()
     runtime.register_hook(KERNEL, hook)
@@ -738,6 +777,16 @@ def test_no_home_directory_uses_a_temporary_folder(monkeypatch, tmp_path):
         warnings.simplefilter("error")
         assert _paths.user_cache_dir() == shared
     assert resolve(KERNEL, H200, PROBLEM, torch.bfloat16).source.startswith("table")
+
+
+def test_no_home_directory_makes_an_open_folder_of_ours_private(monkeypatch, tmp_path):
+    """This user's folder of that name, left open (0777: an older version, a umask), is made private."""
+    shared = _no_home(monkeypatch, tmp_path)
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.warns(UserWarning, match="no home directory"):
+        assert _paths.user_cache_dir() == shared
+    assert (shared.stat().st_mode & 0o777) == 0o700
 
 
 @pytest.mark.parametrize("planted", ["link", "file", "other user"])

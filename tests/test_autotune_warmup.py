@@ -271,6 +271,33 @@ def test_cli_warmup_rejects_sizes_below_one(args, capsys):
     assert "expected a whole number >= 1" in capsys.readouterr().err
 
 
+def test_under_torchrun_an_unsupported_gpu_stops_every_rank(monkeypatch, capsys):
+    """On a mixed node under torchrun, the ranks decide together: a rank whose GPU is supported stops
+    too (status 2, naming the other rank's GPU) when another rank's is refused, instead of waiting in
+    the tuning collectives for a rank that left."""
+    import torch.distributed as dist
+
+    from liger_portable import warmup as warmup_mod
+    from liger_portable.hardware import DeviceInfo
+
+    gathered = []
+
+    def all_gather_object(out, mine):
+        gathered.append(mine)
+        out[:] = [mine, ["Tesla P100-PCIE-16GB (sm60)"]]  # this rank, then the other rank's answer
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    h200 = DeviceInfo("cuda", 0, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
+    monkeypatch.setattr(warmup_mod, "target_device", lambda: h200)
+    assert warmup_mod.run(warmup_mod.parse_args(["llama-3-8b"]), []) == 2
+    assert gathered == [[]]  # this rank's GPU is supported
+    err = capsys.readouterr().err
+    assert "Tesla P100-PCIE-16GB (sm60) cannot run the Triton kernels" in err and err.count("\n") == 1
+
+
 def test_under_torchrun_the_group_outwaits_the_tuning_lock_and_comes_before_the_device(monkeypatch):
     """Under torchrun the warmup joins the process group first (it sets the rank's GPU, which the
     device lookup then reads) with a collective timeout beyond the tuning-lock wait (other ranks wait

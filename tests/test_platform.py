@@ -576,6 +576,7 @@ def test_unsupported_arch_runs_the_fallback_with_one_warning(monkeypatch, build,
         warnings.simplefilter("error")
         assert _dispatch.kernel_device(torch.device("cuda", 1)) is None  # said once
         assert _dispatch.kernel_device(torch.device("cuda", 0)).arch in ("sm90", "gfx942")
+        assert _dispatch.use_kernels(torch.device("cuda", 0)) and not _dispatch.use_kernels(torch.device("cuda", 1))
 
 
 def test_info_names_an_unsupported_gpu(monkeypatch, capsys):
