@@ -555,10 +555,11 @@ def _hook(times: dict | None = None):
     return hook
 
 
-def test_run_time_tuning_runs_on_the_devices_gpu(monkeypatch):
-    """Tuning for tensors on a GPU that is not the current one (a model split over GPUs) makes that
-    GPU current while the inputs are built and timed (the timing's events and streams are the
-    current device's); a simulated device (CPU tensors) enters no device."""
+def test_tuning_runs_on_the_devices_gpu(monkeypatch):
+    """Tuning for a GPU that is not the current one (a model split over GPUs: run-time tuning, or
+    tune() called for it) makes that GPU current while the configs are compiled and timed (the
+    timing's events, streams and graphs are the current device's); a simulated device (CPU tensors)
+    enters no device."""
     import contextlib
 
     entered = []
@@ -569,26 +570,34 @@ def test_run_time_tuning_runs_on_the_devices_gpu(monkeypatch):
         yield
 
     monkeypatch.setattr(torch.cuda, "device", device)
-    monkeypatch.setattr(runtime, "platform", lambda: types.SimpleNamespace(backend="cuda"))  # a CUDA machine
+    monkeypatch.setattr(search, "platform", lambda: types.SimpleNamespace(backend="cuda"))  # a CUDA machine
+    gpu1 = DeviceInfo("cuda", 1, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
     with liger_portable.simulate(None):
-        with runtime.on_device(DeviceInfo("cuda", 1, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)):
+        with search.on_device(gpu1):
             entered.append("inside")
     assert entered == [("device", 1), "inside"]
-    with liger_portable.simulate(H200), runtime.on_device(H200):
+    with liger_portable.simulate(H200), search.on_device(H200):
         assert entered == [("device", 1), "inside"]
-    # run-time tuning goes through it, the hook's inputs built inside
+    # run-time tuning: the hook builds the inputs, tune() times them on the device
+    entered.clear()
     hook = _hook()
 
-    def hooked(device, named, dtype):
-        entered.append(("hook", device.index))
-        return hook(device, named, dtype)
+    def timed(ms):
+        def run(resolved):
+            entered.append(("timed", ms))
+            return ms
+        return run
 
-    monkeypatch.setattr(runtime, "on_device", lambda d: device(d.index))
+    def hooked(device, named, dtype):
+        hook(device, named, dtype)
+        return timed(1.0)
+
     runtime.register_hook(KERNEL, hooked)
     monkeypatch.setenv(ENV_AUTOTUNE, "1")
-    on_gpu1 = DeviceInfo("cuda", 1, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
-    resolve(KERNEL, on_gpu1, PROBLEM, torch.bfloat16)
-    assert entered[2:] == [("device", 1), ("hook", 1)]
+    with liger_portable.simulate(None):
+        resolve(KERNEL, gpu1, PROBLEM, torch.bfloat16)
+    assert entered[0] == ("device", 1) and len(entered) > 1 and set(entered[1:]) == {("timed", 1.0)}
+    assert len(hook.calls) == 1
 
 
 def test_miss_without_env_uses_table_and_does_not_tune():

@@ -44,7 +44,6 @@ or tune before training with ``liger-portable warmup``.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
@@ -54,9 +53,9 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import _dispatch, autotune_cache, configs, _paths
+from .. import autotune_cache, configs, _paths
 from ..configs import Resolved
-from ..hardware import DeviceInfo, platform
+from ..hardware import DeviceInfo
 from ..specs import SPECS
 from .search import tune
 
@@ -188,23 +187,13 @@ def multi_rank() -> bool:
         return False
 
 
-def on_device(device: DeviceInfo) -> contextlib.AbstractContextManager:
-    """A context in which ``device`` is the current GPU (``torch.cuda.device`` / ``torch.xpu.device``);
-    nothing for a device this process does not drive (a simulated one: CPU tensors in the Triton
-    interpreter)."""
-    if _dispatch.simulated() is not None or device.index < 0 or platform().backend != device.backend:
-        return contextlib.nullcontext()
-    return getattr(torch, "xpu" if device.backend == "xpu" else "cuda").device(device.index)
-
-
 def _tune_now(kernel: str, device: DeviceInfo, named: dict, dtype: torch.dtype, hook: TuneHook) -> bool:
     """Build the hook's inputs, tune, record; the inputs are freed when this returns."""
     tuned_here.append((kernel, device.model_slug, named, str(dtype)))
     try:
-        # A miss while torch.compile traces a kernel op (fake tensors): tune on real ones; on the
-        # device's GPU made current (a model split over GPUs: the timing's events and streams are the
-        # current device's, and the kernels run on their tensors' GPU).
-        with _disable_current_modes(), on_device(device):
+        # A miss while torch.compile traces a kernel op (fake tensors): tune on real ones (tune()
+        # makes the device's GPU current, for a model split over GPUs).
+        with _disable_current_modes():
             result = tune(kernel, device, named, dtype, hook(device, named, dtype))
     except Exception as e:  # noqa: BLE001 - tuning must never stop training
         _warn_once(f"liger_portable: tuning {kernel} for {named} failed ({type(e).__name__}: {e}); using the table default")

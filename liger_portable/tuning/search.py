@@ -11,14 +11,15 @@ resources, ...) is skipped.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
 
-from .. import autotune_cache
+from .. import _dispatch, autotune_cache
 from ..configs import ConfigError, Limits, check_config, load_table, search_configs, table_default
-from ..hardware import DeviceInfo
+from ..hardware import DeviceInfo, platform
 from ..specs import MAX_VALUES_PER_THREAD, SPECS
 from .timing import Run, Timer, cuda_graph_timing, measure, precompile
 
@@ -91,6 +92,15 @@ def candidates(kernel: str, device: DeviceInfo, named: Mapping[str, int]) -> lis
     return out
 
 
+def on_device(device: DeviceInfo) -> contextlib.AbstractContextManager:
+    """A context in which ``device`` is the current GPU (``torch.cuda.device`` / ``torch.xpu.device``);
+    nothing for a device this process does not drive (a simulated one: CPU tensors in the Triton
+    interpreter)."""
+    if _dispatch.simulated() is not None or device.index < 0 or platform().backend != device.backend:
+        return contextlib.nullcontext()
+    return getattr(torch, "xpu" if device.backend == "xpu" else "cuda").device(device.index)
+
+
 def tune(
     kernel: str,
     device: DeviceInfo,
@@ -127,10 +137,13 @@ def tune(
     default = default_config(kernel, device, named)
     result = TuneResult(default, None, None, "table default", autotune_cache.entry_key(spec, named, dtype))
     configs = list(candidates(kernel, device, named))
-    if dedicated:
-        result.compile = precompile(kernel, [default, *configs], run, timer)
-    with cuda_graph_timing(dedicated):
-        _search(kernel, run, timer, noise, default, configs, result)
+    # On the device's GPU made current: the timing's events, streams and graphs are the current
+    # device's (a model split over GPUs tunes for a GPU that need not be current).
+    with on_device(device):
+        if dedicated:
+            result.compile = precompile(kernel, [default, *configs], run, timer)
+        with cuda_graph_timing(dedicated):
+            _search(kernel, run, timer, noise, default, configs, result)
     if record and result.time_ms is not None:
         autotune_cache.record(spec, device, named, dtype, result.config, result.time_ms, result.default_ms)
     return result
