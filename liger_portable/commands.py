@@ -288,13 +288,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         out = p.describe()
         if p.backend != "cpu":
-            out["configs"] = {
-                i: [dict(zip(("kernel", "problem", "config", "source"), r)) for r in _configs_for(i)]
-                for i in range(p.device_count)
-            }
             refused = {i: configs.load_table(d.backend).unsupported_reason(d.arch)
                        for i, d in ((i, p.device(i)) for i in range(p.device_count))}
             out["unsupported"] = {i: why for i, why in refused.items() if why is not None}
+            out["configs"] = {  # none for a device that runs the fallback
+                i: [dict(zip(("kernel", "problem", "config", "source"), r)) for r in _configs_for(i)]
+                for i in range(p.device_count) if refused[i] is None
+            }
             out["autotune_cache"] = {
                 i: [{"cache": label, "path": str(path), "entries": n, "current": current_entries(path)}
                     for label, path, n in cache_summary(p.device(i))]

@@ -73,6 +73,8 @@ def target_device():
 def cache_status(prob: _warmup.Problem, dev) -> str:
     if dev is None:
         return "-"
+    if configs.load_table(dev.backend).unsupported_reason(dev.arch) is not None:
+        return "fallback (GPU unsupported)"
     entry = configs.usable_entry(SPECS[prob.kernel], dev, prob.named, prob.dtype)
     if entry is not None:
         return "cached"

@@ -221,6 +221,10 @@ def test_real_run_on_an_unsupported_gpu_is_an_error(warmup, tmp_path, monkeypatc
     assert warmup.main([str(tmp_path), "--tokens", "32", "--seq-len", "16"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Tesla P100-PCIE-16GB (sm60) cannot run the Triton kernels" in err and "sm_70" in err
+    # the dry run lists the step's problems as running the fallback there, not as work to tune
+    assert warmup.main([str(tmp_path), "--tokens", "32", "--seq-len", "16", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "fallback (GPU unsupported)" in out and "to tune" not in out
 
 
 @pytest.mark.interpreter

@@ -592,8 +592,9 @@ def test_info_names_an_unsupported_gpu(monkeypatch, capsys):
     assert "not supported by the kernels, runs the pure-PyTorch fallback: Triton" in device1
     assert "not supported" not in out[:out.index("device 1:")]
     assert cli.main(["info", "--json"]) == 0
-    unsupported = json.loads(capsys.readouterr().out)["unsupported"]
-    assert list(unsupported) == ["1"] and "sm_70" in unsupported["1"]
+    described = json.loads(capsys.readouterr().out)
+    assert list(described["unsupported"]) == ["1"] and "sm_70" in described["unsupported"]["1"]
+    assert list(described["configs"]) == ["0"]  # none listed for the device that runs the fallback
 
 
 def test_check_on_an_unsupported_gpu_says_it_checks_the_fallback(monkeypatch, capsys):
