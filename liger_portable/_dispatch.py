@@ -71,7 +71,7 @@ on_reset(_runs_kernels.clear)
 
 
 def _judge(info: DeviceInfo) -> bool:
-    why = configs.load_table(info.backend).unsupported_reason(info.arch)
+    why = configs.unsupported_reason(info)
     if why is not None:
         warnings.warn(  # once per arch: the verdict is kept
             f"liger_portable: {info.name} ({info.arch}) cannot run the Triton kernels: {why}. The PyTorch "

@@ -288,8 +288,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         out = p.describe()
         if p.backend != "cpu":
-            refused = {i: configs.load_table(d.backend).unsupported_reason(d.arch)
-                       for i, d in ((i, p.device(i)) for i in range(p.device_count))}
+            refused = {i: configs.unsupported_reason(p.device(i)) for i in range(p.device_count)}
             out["unsupported"] = {i: why for i, why in refused.items() if why is not None}
             out["configs"] = {  # none for a device that runs the fallback
                 i: [dict(zip(("kernel", "problem", "config", "source"), r)) for r in _configs_for(i)]
@@ -340,7 +339,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         device = torch.device(p.torch_device_type, args.device)
         d = p.device(args.device)
         where = f"{d.name} ({p.backend} {d.arch})"
-        why = configs.load_table(d.backend).unsupported_reason(d.arch)
+        why = configs.unsupported_reason(d)
         if why is not None:  # the check would compare the fallback with itself
             where += f": not supported by the kernels, so this checks the PyTorch fallback ({why})"
     print(f"liger-portable check on {where}")

@@ -268,6 +268,11 @@ def parse_table(data: Any, path: Path, backend: str) -> Table:
     return Table(backend, path, sections, tuple(unsupported))
 
 
+def unsupported_reason(device: DeviceInfo) -> str | None:
+    """Why ``device`` cannot run the Triton kernels (its vendor table's ``unsupported`` entry), or None."""
+    return load_table(device.backend).unsupported_reason(device.arch)
+
+
 @functools.lru_cache(maxsize=None)
 def load_table(backend: str, directory: str | None = None) -> Table:
     """Load and validate ``backends/<backend>.json`` (memoized)."""

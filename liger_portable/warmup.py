@@ -73,8 +73,6 @@ def target_device():
 def cache_status(prob: _warmup.Problem, dev) -> str:
     if dev is None:
         return "-"
-    if configs.load_table(dev.backend).unsupported_reason(dev.arch) is not None:
-        return "fallback (GPU unsupported)"
     entry = configs.usable_entry(SPECS[prob.kernel], dev, prob.named, prob.dtype)
     if entry is not None:
         return "cached"
@@ -91,9 +89,10 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
 
 def dry_run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     dev = target_device()
+    refused = dev is not None and configs.unsupported_reason(dev) is not None
     rows = [
         {"kernel": p.kernel, "problem": p.describe(), "dtype": autotune_cache.dtype_name(p.dtype), "launches/step": p.launches,
-         "where": p.what, "cache": cache_status(p, dev)}
+         "where": p.what, "cache": "fallback (GPU unsupported)" if refused else cache_status(p, dev)}
         for p in probs
     ]
     if args.json:
@@ -201,7 +200,7 @@ def run(args: argparse.Namespace, probs: list[_warmup.Problem]) -> int:
     if dev is None:
         print("liger-portable warmup: error: no GPU: a real warmup times kernels on the device; use --dry-run to list the work", file=sys.stderr)
         return 2
-    why = configs.load_table(dev.backend).unsupported_reason(dev.arch)
+    why = configs.unsupported_reason(dev)
     refused = [f"{dev.name} ({dev.arch})"] if why is not None else []
     if distributed:  # decided together: a rank leaving alone would leave the others waiting in collectives
         import torch.distributed as dist

@@ -570,7 +570,7 @@ def test_tuning_runs_on_the_devices_gpu(monkeypatch):
         yield
 
     monkeypatch.setattr(torch.cuda, "device", device)
-    monkeypatch.setattr(search, "platform", lambda: types.SimpleNamespace(backend="cuda"))  # a CUDA machine
+    monkeypatch.setattr(search, "platform", lambda: types.SimpleNamespace(backend="cuda", torch_device_type="cuda"))  # a CUDA machine
     gpu1 = DeviceInfo("cuda", 1, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
     with liger_portable.simulate(None):
         with search.on_device(gpu1):

@@ -96,9 +96,10 @@ def on_device(device: DeviceInfo) -> contextlib.AbstractContextManager:
     """A context in which ``device`` is the current GPU (``torch.cuda.device`` / ``torch.xpu.device``);
     nothing for a device this process does not drive (a simulated one: CPU tensors in the Triton
     interpreter)."""
-    if _dispatch.simulated() is not None or device.index < 0 or platform().backend != device.backend:
+    p = platform()
+    if _dispatch.simulated() is not None or device.index < 0 or p.backend != device.backend:
         return contextlib.nullcontext()
-    return getattr(torch, "xpu" if device.backend == "xpu" else "cuda").device(device.index)
+    return getattr(torch, p.torch_device_type).device(device.index)
 
 
 def tune(
