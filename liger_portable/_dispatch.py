@@ -7,13 +7,13 @@ and traces cleanly under ``torch.compile``.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Iterator
 
 import torch
 
 from . import configs
 from .hardware import DeviceInfo, on_reset, platform
+from ._warn import warn
 
 # A simulated GPU for CPU tensors: set by :func:`simulate` so that the Triton kernels run in the
 # Triton interpreter (TRITON_INTERPRET=1) with that device's launch configs. None in normal use.
@@ -73,11 +73,10 @@ on_reset(_runs_kernels.clear)
 def _judge(info: DeviceInfo) -> bool:
     why = configs.unsupported_reason(info)
     if why is not None:
-        warnings.warn(  # once per arch: the verdict is kept
+        warn(  # once per arch: the verdict is kept
             f"liger_portable: {info.name} ({info.arch}) cannot run the Triton kernels: {why}. The PyTorch "
             "fallback runs instead (the same results, without the kernels' fusion and memory savings)",
             RuntimeWarning,
-            stacklevel=4,
         )
     runs = _runs_kernels[(info.backend, info.arch)] = why is None
     return runs

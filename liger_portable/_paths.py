@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-import warnings
 from pathlib import Path
+
+from ._warn import warn
 
 _PKG = Path(__file__).resolve().parent
 
@@ -79,9 +80,8 @@ def _temporary_cache_dir() -> Path:
         folder = Path(tempfile.mkdtemp(prefix="liger_portable-"))
         note = (f"{shared} is not a directory of this user's, so this process keeps its autotune cache in "
                 f"{folder} (not shared with later processes)")
-    warnings.warn(  # once a process
+    warn(  # once a process
         f"liger_portable: no home directory (HOME unset and no user entry): {note}; set {ENV_CACHE_DIR} to choose it",
-        stacklevel=3,
     )
     _temporary[shared] = folder
     return folder

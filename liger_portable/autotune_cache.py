@@ -63,7 +63,6 @@ import stat
 import tempfile
 import threading
 import time
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -73,6 +72,7 @@ import torch
 from . import _paths
 from .hardware import DeviceInfo, platform
 from .specs import KernelSpec
+from ._warn import warn
 
 try:  # POSIX only
     import fcntl
@@ -111,7 +111,7 @@ def _warn_once(tag: str, msg: str) -> None:
         if tag in _warned:
             return
         _warned.add(tag)
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    warn(msg, RuntimeWarning)
 
 
 def parse(p: Path) -> dict:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import warnings
 
 import torch
 import torch.nn.functional as TF
@@ -45,6 +44,7 @@ import torch.nn.functional as TF
 from .functional import check_flce_args, flce_kernel_device, fused_linear_cross_entropy
 from ._checks import check_choice, check_class_range, check_nonneg_number, check_real, is_integer
 from ._autograd import first_order_only
+from ._warn import warn
 
 if importlib.util.find_spec("triton") is not None:
     from .ops import fused_linear_cross_entropy as _flce_ops
@@ -452,10 +452,9 @@ def fused_linear_dpo_loss(
     if loss_type == "robust" and not label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5) for loss_type='robust', got {label_smoothing}")
     if label_smoothing != 0.0 and loss_type not in ("exo_pair", "robust"):
-        warnings.warn(
+        warn(
             f"label_smoothing={label_smoothing} has no effect with loss_type={loss_type!r} (as in liger-kernel): "
             "only 'exo_pair' and 'robust' read it (TRL's conservative DPO, sigmoid with label smoothing, is not implemented)",
-            stacklevel=2,
         )
     if loss_type == "sppo_hard" and beta == 0:
         raise ValueError("beta must be non-zero for loss_type='sppo_hard' (its targets are +-0.5 / beta)")
@@ -957,8 +956,8 @@ def terms_fn(device: torch.device):
             try:
                 return compiled(*args)
             except torch._dynamo.exc.BackendCompilerFailed as e:
-                warnings.warn(f"torch.compile failed on the distillation loss's chunk ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0]}); running it eagerly, with more memory", stacklevel=2)
+                warn(f"torch.compile failed on the distillation loss's chunk ({type(e).__name__}: "
+                 f"{str(e).splitlines()[0]}); running it eagerly, with more memory")
                 compiled_chunk = False
                 return chunk_terms(*args)
 

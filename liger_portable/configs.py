@@ -50,7 +50,6 @@ import itertools
 import json
 import os
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -62,6 +61,7 @@ from .hardware import ALL_BACKEND_OPTIONS, DeviceInfo, on_reset
 # Table validation lives in _tables (below this module); re-exported here, where callers look.
 from ._tables import LIMIT_FIELDS, SCHEMA, ConfigError, Limits, check_config, check_limits  # noqa: F401
 from .specs import SPECS, KernelSpec
+from ._warn import warn
 
 _GPU_BACKENDS = ("cuda", "rocm", "xpu")
 ENV_AUTOTUNE = "LIGER_PORTABLE_AUTOTUNE"  # "1": tune a cache miss once per process (see tuning.runtime)
@@ -371,7 +371,7 @@ def autotune_enabled() -> bool:
 def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        warn(msg, RuntimeWarning)
 
 
 def _clear_memo() -> None:

@@ -19,6 +19,7 @@ from ._checks import KERNEL_DTYPES, check_ce_options, check_choice, check_class_
 from ._checks import REDUCTIONS  # noqa: F401  (the reductions the losses accept, kept here too)
 from ._checks import SettingError
 from ._dispatch import kernel_device, same_device
+from ._warn import warn
 from . import tuning  # noqa: F401  (tunes config misses under LIGER_PORTABLE_AUTOTUNE=1; loads no kernel)
 
 # Triton has Linux wheels only; without it every call takes the fallback.
@@ -93,12 +94,9 @@ def _dtensor_fallback(op: str, *tensors: torch.Tensor | None) -> bool:
     if not _dtensor.any_dtensor(*tensors):
         return False
     if not torch.compiler.is_compiling():
-        import warnings
-
-        warnings.warn(
+        warn(
             f"liger_portable.{op}: DTensor inputs run the PyTorch fallback (correct under any placement, "
             "not fused); for the kernels, call it on the local shards (.to_local()) where the op allows",
-            stacklevel=2,
         )
     return True
 
@@ -708,13 +706,10 @@ def fused_linear_cross_entropy(
         and not _flce_ops.half_grads_fit(lse_square_scale, softcap, weight.shape[0])
     ):
         if not torch.compiler.is_compiling():  # (a warning would break the graph)
-            import warnings
-
-            warnings.warn(
+            warn(
                 f"fused_linear_cross_entropy: float16 with lse_square_scale={lse_square_scale} could overflow "
                 "the kernels' float16 logit gradients; running the PyTorch fallback (slower, exact). bfloat16 "
                 "inputs, lse_square_scale <= 1e-4, or a softcap below 7.5 / lse_square_scale - log(V) keep the kernels.",
-                stacklevel=2,
             )
         dev = None
     if dev is None:

@@ -8,6 +8,7 @@ interpreter; liger-kernel's module signatures; a few DPO steps of a tiny model, 
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -295,8 +296,13 @@ def test_reference_head_and_ref_logps_errors_name_the_argument():
         C.fused_linear_dpo_loss(h, w, t, ref_logps=([0.0, 0.0], [0.0, 0.0]))
     with pytest.raises(ValueError, match="^target holds 99"):  # the policy's labels: no reference-head prefix
         C.fused_linear_dpo_loss(h, w, t.masked_fill(t == t.max(), 99), ref_input=rh, ref_weight=rw)
-    with pytest.warns(UserWarning, match="no effect with loss_type='sigmoid'"):
+    with pytest.warns(UserWarning, match="no effect with loss_type='sigmoid'") as rec:
         C.fused_linear_dpo_loss(h, w, t, use_ref_model=False, label_smoothing=0.1)
+    assert rec[0].filename == __file__  # the caller's line, not ours
+    with pytest.warns(UserWarning, match="no effect with loss_type='sigmoid'") as rec:
+        line = sys._getframe().f_lineno + 1
+        C.LigerFusedLinearDPOLoss(use_ref_model=False, label_smoothing=0.1)(w, h, t)
+    assert (rec[0].filename, rec[0].lineno) == (__file__, line)  # through torch's Module.__call__ too
 
 
 def test_kto_and_grpo_errors_name_the_argument():

@@ -24,7 +24,7 @@ ROOT = "liger_portable"
 # Lowest first. A module belongs to the layer of its first name below liger_portable
 # (liger_portable.tuning.hooks is in "tuning"); liger_portable itself (its __init__) sits on top.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("platform", {"hardware", "_paths", "_checks", "_autograd"}),
+    ("platform", {"hardware", "_paths", "_checks", "_autograd", "_warn"}),
     ("configs", {"configs", "autotune_cache", "specs", "_tables"}),
     # fallback: the pure-PyTorch twins of the kernels import nothing of the package, and
     # ops.fused_linear_cross_entropy uses fallback.cross_entropy.chunk_rows: a kernels-layer module.

@@ -572,6 +572,7 @@ def test_unsupported_arch_runs_the_fallback_with_one_warning(monkeypatch, build,
     with pytest.warns(RuntimeWarning, match=rf"\({arch}\) cannot run the Triton kernels: Triton.*PyTorch fallback") as rec:
         assert _dispatch.kernel_device(torch.device("cuda", 1)) is None
     assert len(rec) == 1 and driver.props[1].name in str(rec[0].message)
+    assert rec[0].filename == __file__  # the caller's line, not ours
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _dispatch.kernel_device(torch.device("cuda", 1)) is None  # said once

@@ -28,13 +28,13 @@ import dataclasses
 import importlib
 import sys
 import types
-import warnings
 
 import torch
 from torch import nn
 
 from . import _modules as M
 from .._checks import check_chunk_mib
+from .._warn import warn
 from ._forward import CHUNK_MIB_ATTR, make_causal_lm_forward
 
 
@@ -246,12 +246,11 @@ def _patch_instance(
     if loss_mode is not None and not heads and not type(model).__module__.startswith("transformers."):
         # A class of its own around transformers' modules (remote code reusing LlamaModel, say): its
         # modules are patched, its forward cannot be; said rather than left to look fused.
-        warnings.warn(
+        warn(
             f"{type(model).__name__} is not transformers' {family.causal_lm} and holds none: its {family.name} "
             "norms and MLPs are patched, but its loss is not fused (its own forward builds the logits). Load "
             "the model with transformers' classes for the fused loss, or pass fused_linear_cross_entropy=False "
             "(and cross_entropy=False) to patch the modules alone",
-            stacklevel=3,
         )
     for name, new in swaps:
         _set_child(model, name, new)

@@ -47,7 +47,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import warnings
 from typing import Callable
 
 import torch
@@ -57,6 +56,7 @@ from .. import autotune_cache, configs, _paths
 from ..configs import Resolved
 from ..hardware import DeviceInfo
 from ..specs import SPECS
+from .._warn import warn
 from .search import tune
 
 # hook(device, named_problem, dtype) -> run: builds inputs for the problem, returns a callable that
@@ -79,7 +79,7 @@ tuned_here: list[tuple] = []  # (kernel, device model, problem, dtype) this proc
 def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        warn(msg, RuntimeWarning)
 
 
 def register_hook(kernel: str, hook: TuneHook) -> None:
