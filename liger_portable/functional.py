@@ -293,12 +293,12 @@ def _glu(act: str, a: torch.Tensor, b: torch.Tensor, inplace_backward: bool) -> 
         raise TypeError(f"b has dtype {b.dtype} but a has {a.dtype}; cast one of them, e.g. b.to(a.dtype)")
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be True or False, got {inplace_backward!r}")
+    if inplace_backward and a.dim() > 0 and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        _check_private(a, b)  # wherever it runs (the fallback too): the mistake shows on the CPU, not first on a GPU
     dev = None if a.dim() == 0 or _dtensor_fallback("swiglu" if act == "silu" else "geglu", a, b) else _kernel_device(
         _glu_ops, same_device(a=a, b=b), a, True)
     if dev is None:
         return (fallback.swiglu if act == "silu" else fallback.geglu)(a, b)
-    if inplace_backward and torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        _check_private(a, b)
     # In place, the backward hands the gradients back in the storage of a and b: pass them as views.
     c = _glu_ops.glu(_rows(a, inplace_backward), _rows(b, inplace_backward), act, inplace_backward, dev)
     return c if c.shape == a.shape else c.view(a.shape)
@@ -308,10 +308,11 @@ def _check_private(a: torch.Tensor, b: torch.Tensor) -> None:
     """The in-place backward writes the gradients over ``a`` and ``b``: refuse storage that belongs
     to a leaf tensor that requires grad (a parameter, or an input the caller made), or a view of
     one, whose values would silently become gradients. (Where ``a`` and ``b`` overlap, the
-    backward is not in place and nothing is written over them.)"""
+    backward is not in place and nothing is written over them; judged on the rows the kernel
+    gets, where the kernels are installed.)"""
     for name, t in (("a", a), ("b", b)):
         base = t if t._base is None else t._base
-        if base.is_leaf and base.requires_grad and _glu_ops.can_write_in_place(a, b):
+        if base.is_leaf and base.requires_grad and _glu_ops is not None and _glu_ops.can_write_in_place(_rows(a), _rows(b)):
             what = "a leaf tensor that requires grad" if base is t else "a view of a leaf tensor that requires grad"
             raise ValueError(
                 f"inplace_backward=True writes the gradients into the storage of a and b, but {name} is "
@@ -582,6 +583,8 @@ def cross_entropy(
     if n_classes == 0:
         raise ValueError("logits must have at least one class (its last dimension is 0)")
     check_class_range("target", target, n_classes, ignore_index)
+    if not torch.is_grad_enabled():
+        logits = logits.detach()  # no gradient wanted: none computed (a Function sees requires_grad only)
     dev = None if _dtensor_fallback("cross_entropy", logits, target) else _kernel_device(_ce_ops, device, logits)
     if dev is None:
         return fallback.cross_entropy(
@@ -698,6 +701,8 @@ def fused_linear_cross_entropy(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,
         return_z_loss, chunk_mib,
     )
+    if not torch.is_grad_enabled():  # no gradient wanted (an evaluation loop): none computed or stored
+        hidden, weight, bias = hidden.detach(), weight.detach(), None if bias is None else bias.detach()
     dev = None if _dtensor_fallback("fused_linear_cross_entropy", hidden, weight, target, bias) else _kernel_device(
         _flce_ops, device, hidden)
     if (

@@ -214,6 +214,7 @@ class _LossOptions(nn.Module):
         return (
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
             f"lse_square_scale={self.lse_square_scale}, softcap={self.softcap}"
+            + (", return_z_loss=True" if self.return_z_loss else "")
         )
 
 
@@ -235,6 +236,9 @@ class CrossEntropyLoss(_LossOptions):
     ) -> None:
         super().__init__(ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss)
         self.inplace_backward = inplace_backward
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", inplace_backward=True" if self.inplace_backward else "")
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor):
         return F.cross_entropy(

@@ -196,6 +196,10 @@ def test_bad_input_names_the_argument():
 def test_module():
     x, t = _inputs(9, 77, torch.float32)
     m = lnn.CrossEntropyLoss(label_smoothing=0.1, lse_square_scale=1e-3, softcap=4.0, return_z_loss=True)
+    # printed as built: a module returning (loss, z_loss), or writing over its logits, says so
+    assert repr(m).endswith("softcap=4.0, return_z_loss=True)") and "inplace" not in repr(m)
+    assert repr(lnn.CrossEntropyLoss(inplace_backward=True)).endswith("softcap=None, inplace_backward=True)")
+    assert repr(lnn.CrossEntropyLoss()).endswith("softcap=None)")
     loss, z = m(x, t)
     ref = reference(x, t, label_smoothing=0.1, lse_square_scale=1e-3, softcap=4.0)
     assert rel_err(loss, ref[0]) <= 1e-5 and rel_err(z, ref[1]) <= 1e-5
@@ -258,6 +262,27 @@ def test_kernel_interpreter_inplace(simulated_device, poison):
         loss2 = F.cross_entropy(x.clone().requires_grad_(), t)
         loss2.backward(retain_graph=True)
         loss2.backward()
+
+
+def _check_no_grad_computes_no_gradient():
+    """Under torch.no_grad() (an evaluation loop) no gradient is computed: in place, the caller's
+    logits that require grad are left as they are (the Function saw their requires_grad alone and
+    wrote the gradient over them); the loss is the same."""
+    x, t = _inputs(4, 300, torch.float32)
+    logits = x.clone().requires_grad_()
+    with torch.no_grad():
+        loss = F.cross_entropy(logits, t, label_smoothing=0.1, inplace_backward=True)
+    assert torch.equal(logits.detach(), x) and not loss.requires_grad
+    assert rel_err(loss, reference(x, t, label_smoothing=0.1)[0]) <= 1e-5
+
+
+def test_no_grad_computes_no_gradient():
+    _check_no_grad_computes_no_gradient()
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_no_grad_computes_no_gradient(simulated_device, poison):
+    _check_no_grad_computes_no_gradient()
 
 
 @pytest.mark.interpreter

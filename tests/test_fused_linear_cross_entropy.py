@@ -176,6 +176,58 @@ def test_all_ignored_and_frozen_weight():
     assert rel_err(hl.grad, flce_reference(h, w, None, t)[2]) <= 1e-5
 
 
+def test_fallback_fp16_weight_and_bias_gradients_do_not_overflow():
+    """float16: one frequent token and one large hidden feature make the token-summed weight
+    gradient pass fp16's 65504 before the mean divides it (and 70000 tokens of a class the bias's);
+    the mean gradients (about -20 and -1) must come out right, not -inf. The same code runs on a GPU
+    for float16 with a large z-loss (the kernels refuse it)."""
+    torch.manual_seed(0)
+    # (each hidden row's gradient at 70000 tokens lies among fp16's subnormals: checked at 4096)
+    for n, H, V, feature, checked in ((4096, 8, 64, 20.0, (2, 3, 4)), (70000, 4, 8, 1.0, (3, 4))):
+        h = torch.randn(n, H) * 0.1
+        h[:, 0] = feature
+        w, b = torch.randn(V, H) * 0.1, torch.randn(V) * 0.1
+        t = torch.zeros(n, dtype=torch.long)  # every token the same class
+        ref = flce_reference(h.double(), w.double(), b.double(), t)
+        hh, ww, bb = (x.half().requires_grad_() for x in (h, w, b))
+        loss = F.fused_linear_cross_entropy(hh, ww, t, bb)
+        loss.backward()
+        assert rel_err(loss, ref[0]) <= 1e-2
+        for i in checked:
+            got, want = (None, None, hh.grad, ww.grad, bb.grad)[i], ref[i]
+            assert torch.isfinite(got).all() and rel_err(got, want) <= 1e-2, (n, i, rel_err(got, want))
+
+
+def _check_no_grad_computes_no_gradient(monkeypatch, device="cpu"):
+    """Under torch.no_grad() (an evaluation loop, where the LM head's weight is a Parameter that
+    requires grad) no gradient is computed or stored: the Function saw requires_grad alone and
+    built the weight's gradient (two more products a chunk and a V x H tensor) to throw it away."""
+    fallback_ce = importlib.import_module("liger_portable.fallback.cross_entropy")
+    from liger_portable.ops import fused_linear_cross_entropy as ops_flce
+
+    asked = []
+    real_rows, real_fwd = fallback_ce.ce_rows_torch, ops_flce.flce_fwd
+    monkeypatch.setattr(fallback_ce, "ce_rows_torch", lambda *a: asked.append(a[-1]) or real_rows(*a))
+    monkeypatch.setattr(ops_flce, "flce_fwd", lambda *a, **k: asked.append(any(a[9])) or real_fwd(*a, **k))
+    h, w, b, t = _inputs(9, 8, 50, torch.float32, device=device)
+    w, b = torch.nn.Parameter(w), torch.nn.Parameter(b)
+    with torch.no_grad():
+        loss = F.fused_linear_cross_entropy(h, w, t, b)
+    assert asked and not any(asked) and not loss.requires_grad
+    assert rel_err(loss, flce_reference(h, w.detach(), b.detach(), t)[0]) <= 1e-5
+    F.fused_linear_cross_entropy(h, w, t, b)
+    assert asked[-1]  # with grad enabled they are computed
+
+
+def test_no_grad_computes_no_gradient(monkeypatch):
+    _check_no_grad_computes_no_gradient(monkeypatch)
+
+
+@pytest.mark.interpreter
+def test_kernel_interpreter_no_grad_computes_no_gradient(simulated_device, monkeypatch):
+    _check_no_grad_computes_no_gradient(monkeypatch)
+
+
 def test_bad_input_names_the_argument():
     h, w, b, t = _inputs(4, 8, 10, torch.float32)
     with pytest.raises(ValueError, match=r"^weight must have shape \(V, 8\)"):

@@ -357,6 +357,18 @@ def test_kernel_interpreter_inplace_refuses_leaf_storage(simulated_device, act, 
     """In place on a leaf that requires grad (or views of one, as x.unbind(0) gives) would write the
     gradients over the leaf's values: refused, with the leaf's values untouched. Activations (not
     leaves), and leaves that need no gradient, are taken."""
+    _check_inplace_refuses_leaf_storage(act, which)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("which", ["leaf", "views of a leaf", "b a leaf"])
+def test_inplace_refuses_leaf_storage_on_the_fallback(act, which):
+    """The same refusal on the CPU fallback (which never writes in place): the mistake shows in a
+    CPU run, not first on a GPU."""
+    _check_inplace_refuses_leaf_storage(act, which)
+
+
+def _check_inplace_refuses_leaf_storage(act, which):
     a, b, dc = _inputs((4, 64), torch.float32)
     if which == "views of a leaf":
         x = torch.stack([a, b]).requires_grad_()

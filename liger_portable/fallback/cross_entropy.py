@@ -3,8 +3,9 @@
 The CPU path never holds more than one chunk of fp32 (float64 for float64 inputs) logits and
 intermediates: each chunk's loss and gradient are computed in the forward, the gradient is kept
 in the input dtype (the size of the gradient autograd would hand back anyway; for the fused
-linear cross-entropy only the gradients of hidden, weight and bias are kept) and the backward
-multiplies it by the incoming gradient. Semantics as the Triton kernels (see
+linear cross-entropy only the gradients of hidden, weight and bias are kept, float16's in float32
+and the bias's sum in float32: see :func:`_working`) and the backward multiplies it by the
+incoming gradient. Semantics as the Triton kernels (see
 :mod:`liger_portable.ops.cross_entropy`).
 """
 
@@ -143,6 +144,15 @@ def cross_entropy(
     return (loss, z) if return_z_loss else loss
 
 
+def _working(hidden, weight, bias):
+    """The inputs in the dtype the products and gradient sums use: their own, except float16,
+    whose range (65504) a token-summed weight or bias gradient passes before the mean divides it
+    (one frequent token and one large hidden feature are enough): float16 works in float32."""
+    if hidden.dtype != torch.float16:
+        return hidden, weight, bias
+    return hidden.float(), weight.float(), None if bias is None else bias.float()
+
+
 def _logit_chunks(hidden, weight, bias, chunk_bytes):
     """``(rows, hidden[rows], logits of those rows)`` chunk by chunk: ``chunk_bytes`` of
     compute-dtype logits per chunk, the logits in the inputs' dtype (upcast by ``ce_rows_torch``)."""
@@ -156,13 +166,24 @@ def _logit_chunks(hidden, weight, bias, chunk_bytes):
 
 
 def _add_chunk_grads(g, hc, weight, rows, gh, gw, gb) -> None:
-    """A chunk's share of the gradients from its logit gradient ``g`` (in the inputs' dtype)."""
+    """A chunk's share of the gradients from its logit gradient ``g`` (in the working dtype; the
+    bias's sum in float32 or float64)."""
     if gh is not None:
         gh[rows] = g @ weight
     if gw is not None:
         gw += g.t() @ hc
     if gb is not None:
-        gb += g.sum(0)
+        gb += g.sum(0, dtype=gb.dtype)
+
+
+def _grad_buffers(hidden, weight, bias, want_h, want_w, want_b):
+    """Zeroed gradients of the working ``hidden`` and ``weight`` and the bias's wider sum."""
+    cd = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    return (
+        torch.zeros_like(hidden) if want_h else None,
+        torch.zeros_like(weight) if want_w else None,
+        torch.zeros_like(bias, dtype=cd) if want_b else None,
+    )
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -180,17 +201,16 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         # known: its backward recomputes the chunks with them (one more logits product).
         per_row = reduction == "none"
         store = want and not per_row
-        gh = torch.zeros_like(hidden) if store and want_h else None
-        gw = torch.zeros_like(weight) if store and want_w else None
-        gb = torch.zeros_like(bias) if store and want_b else None
-        for rows, hc, logits in _logit_chunks(hidden, weight, bias, chunk_bytes):
+        hw, ww, bw = _working(hidden, weight, bias)
+        gh, gw, gb = _grad_buffers(hw, ww, bw, store and want_h, store and want_w, store and want_b)
+        for rows, hc, logits in _logit_chunks(hw, ww, bw, chunk_bytes):
             loss, zl, g = ce_rows_torch(
                 logits, target[rows], ignore_index, label_smoothing, lse_square_scale, softcap, store
             )
             loss_rows[rows] = loss
             z_rows[rows] = zl
             if store:
-                _add_chunk_grads(g.to(hidden.dtype), hc, weight, rows, gh, gw, gb)
+                _add_chunk_grads(g.to(hw.dtype), hc, ww, rows, gh, gw, gb)
         ctx.save_for_backward(hidden, weight, target, bias, count, gh, gw, gb)
         ctx.options = (ignore_index, label_smoothing, lse_square_scale, softcap, reduction)
         ctx.chunk_bytes = chunk_bytes
@@ -206,22 +226,22 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         want_h, want_w, _, want_b = ctx.needs_input_grad[:4]
         if reduction != "none":
             f = _scale_for(dloss, reduction, count, 1).reshape(())
-            return (
-                None if gh is None else as_dtype(gh * f, gh.dtype),
-                None if gw is None else as_dtype(gw * f, gw.dtype),
-                None,
-                None if gb is None else as_dtype(gb * f, gb.dtype),
-                None, None, None, None, None, None,
-            )
-        gh = torch.zeros_like(hidden) if want_h else None
-        gw = torch.zeros_like(weight) if want_w else None
-        gb = torch.zeros_like(bias) if want_b else None
-        for rows, hc, logits in _logit_chunks(hidden, weight, bias, ctx.chunk_bytes):
-            _, _, g = ce_rows_torch(
-                logits, target[rows], ignore_index, label_smoothing, lse_square_scale, softcap, True
-            )
-            _add_chunk_grads((g * dloss[rows, None].to(g.dtype)).to(hidden.dtype), hc, weight, rows, gh, gw, gb)
-        return gh, gw, None, gb, None, None, None, None, None, None
+        else:
+            f = None
+            hw, ww, bw = _working(hidden, weight, bias)
+            gh, gw, gb = _grad_buffers(hw, ww, bw, want_h, want_w, want_b)
+            for rows, hc, logits in _logit_chunks(hw, ww, bw, ctx.chunk_bytes):
+                _, _, g = ce_rows_torch(
+                    logits, target[rows], ignore_index, label_smoothing, lse_square_scale, softcap, True
+                )
+                _add_chunk_grads((g * dloss[rows, None].to(g.dtype)).to(hw.dtype), hc, ww, rows, gh, gw, gb)
+
+        def finish(g, like):
+            if g is None:
+                return None
+            return as_dtype(g if f is None else g * f, like.dtype)
+
+        return finish(gh, hidden), finish(gw, weight), None, finish(gb, bias), None, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(
