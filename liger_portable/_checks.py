@@ -6,6 +6,11 @@ import numbers
 
 import torch
 
+#: The transformers versions ``liger_portable.transformers`` is written and tested for (pyproject's ``hf`` extra).
+HF_REQUIREMENT = "transformers>=5.0,<5.25"
+#: How to install them; the package installs from its checkout (it is not on a package index).
+HF_INSTALL_HINT = f'pip install "{HF_REQUIREMENT}" (or pip install ".[hf]" in the liger-portable checkout)'
+
 # The largest float32: a larger option overflows inside the kernels (and their fp32 fallback).
 _FP32_MAX = float(torch.finfo(torch.float32).max)
 

@@ -22,7 +22,7 @@ def _data_dir(name: str) -> Path:
             return candidate
     raise FileNotFoundError(
         f"liger_portable data folder {name!r} not found at {_PKG / name} or {_PKG.parent / name}; "
-        "the installation is incomplete: reinstall with `pip install --force-reinstall liger-portable`"
+        "the installation is incomplete: reinstall it: `pip install --force-reinstall .` in the liger-portable checkout"
     )
 
 

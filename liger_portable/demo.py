@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from ._checks import HF_INSTALL_HINT
 from ._dispatch import use_kernels
 from ._arguments import DEMO_DTYPES, demo_parser, run_reported
 from .hardware import PlatformError, platform
@@ -59,7 +60,7 @@ LR = 1e-3
 # steps, as scripts/bench_train_step.py does; all steps are printed.
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-2}
 COMPARE_STEPS = 10
-HF_MISSING = 'liger-portable demo needs Hugging Face transformers: pip install "liger-portable[hf]"'
+HF_MISSING = f"liger-portable demo needs Hugging Face transformers: {HF_INSTALL_HINT}"
 
 
 def pick_device(arg: str | None) -> torch.device:

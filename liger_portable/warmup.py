@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the warmup for parsed arguments; returns the exit status."""
+    if not SPECS:  # no kernel registered: Triton is not installed (off Linux, only the fallback runs)
+        print("liger-portable warmup: error: the kernels need Triton, which is not installed, so there is "
+              "nothing to tune (the PyTorch fallback runs without tuning); install triton to use them",
+              file=sys.stderr)
+        return 2
     try:
         probs = problems_of(args)
     except ValueError as e:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -151,6 +153,20 @@ def test_cli_warmup_dry_run(capsys):
     assert cli.main(["warmup", "mistral-7b", "--tokens", "2048", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "kernel problems for mistral-7b" in out and "rms_norm_fwd" in out
+
+
+def test_warmup_without_triton_is_one_line_error():
+    """Without Triton (off Linux, the fallback only) no kernel is registered: the warmup, dry run
+    included, says so in one line (it died on an assertion)."""
+    code = (
+        "import sys; sys.modules['triton'] = None\n"  # `import triton` fails, find_spec finds nothing
+        "from liger_portable import cli\n"
+        "sys.exit(cli.main(['warmup', 'llama-3-8b', '--dry-run']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stderr.startswith("liger-portable warmup: error: the kernels need Triton, which is not installed")
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
 
 
 def test_cli_rejects_unknown_arguments():

@@ -109,6 +109,16 @@ def test_wheel_metadata_license_authors_and_extras(wheel):
     assert hf and "<5.25" in hf[0] and 'extra == "hf"' in hf[0], hf
 
 
+def test_install_hint_names_the_hf_extra_range():
+    """The errors that say how to install transformers give the range pyproject's hf extra declares."""
+    import tomllib
+
+    from liger_portable._checks import HF_REQUIREMENT
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["hf"]
+    assert HF_REQUIREMENT in extra, (HF_REQUIREMENT, extra)
+
+
 def test_wheel_contains_autotune_cache_folder(wheel):
     # A zip has no entry for an empty folder: the folder ships only if it holds a file
     # (autotune_cache/README.md until tuned files exist).

@@ -154,7 +154,7 @@ else:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
-    assert 'pip install "liger-portable[hf]"' in out.stdout, out.stdout
+    assert 'pip install "transformers>=5.0,<5.25" (or pip install ".[hf]"' in out.stdout, out.stdout
 
 
 # --------------------------------------------------------------------------- patch(model), every family

@@ -1,6 +1,6 @@
 """Patch Hugging Face ``transformers`` models with liger_portable's fused ops.
 
-Needs ``transformers`` (the ``hf`` extra: ``pip install "liger-portable[hf]"``); transformers 5.x
+Needs ``transformers`` (the ``hf`` extra: ``pip install ".[hf]"`` in the checkout); transformers 5.x
 (tested with 5.24). Supported model types: llama, mistral, mixtral, qwen2, qwen3, gemma, gemma2,
 gemma3_text (Gemma3ForCausalLM), phi3, granite.
 
@@ -44,21 +44,21 @@ states). Mixtral's experts get the fused SwiGLU through ``_apply_gate`` (the def
 
 from __future__ import annotations
 
+from .._checks import HF_INSTALL_HINT as _HF_INSTALL_HINT
+
 try:
     import transformers as _transformers  # noqa: F401
 except ModuleNotFoundError as e:  # only transformers itself missing; a broken install raises as is
     if e.name != "transformers":
         raise
-    raise ImportError(
-        'liger_portable.transformers needs Hugging Face transformers: pip install "liger-portable[hf]"'
-    ) from e
+    raise ImportError(f"liger_portable.transformers needs Hugging Face transformers: {_HF_INSTALL_HINT}") from e
 
 from packaging.version import Version as _Version
 
 if _Version(_transformers.__version__).major != 5:
     raise ImportError(
         f"liger_portable.transformers supports transformers 5.x (its modeling code is patched), found "
-        f'{_transformers.__version__}: pip install "liger-portable[hf]" (transformers>=5.0,<6)'
+        f"{_transformers.__version__}: {_HF_INSTALL_HINT}"
     )
 
 from ._modules import GEGLUMLP, GemmaStyleRMSNorm, Phi3SwiGLUMLP, RMSNorm, SwiGLUMLP
