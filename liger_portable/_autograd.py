@@ -36,3 +36,27 @@ def first_order_only(op: str) -> Callable[[Callable[..., Any]], Callable[..., An
         return wrapper
 
     return decorate
+
+
+# Why a loss refuses a second backward (retain_graph=True): its gradients are computed in the
+# forward and the first backward scales them in place. The PyTorch fallback keeps the same rule,
+# so code that backpropagates twice fails in a CPU run as it would on a GPU.
+_ONCE = {
+    "cross_entropy": (
+        "liger_portable cross_entropy can run backward only once: the gradient computed in the "
+        "forward was scaled in place by the first backward. For retain_graph=True or double "
+        "backward use torch.nn.functional.cross_entropy."
+    ),
+    "fused_linear_cross_entropy": (
+        "liger_portable fused_linear_cross_entropy can run backward only once: its gradients are "
+        "computed in the forward and scaled in place by the first backward. For retain_graph=True "
+        "or double backward use reduction='none' and reduce it yourself."
+    ),
+}
+
+
+def backward_once(ctx: Any, op: str) -> None:
+    """Mark ``ctx``'s backward as run; raise the error of ``op`` (a key of ``_ONCE``) if it had run."""
+    if getattr(ctx, "done", False):
+        raise RuntimeError(_ONCE[op])
+    ctx.done = True

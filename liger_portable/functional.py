@@ -564,7 +564,9 @@ def cross_entropy(
 
     Returns:
         The loss in ``loss_dtype`` (a scalar, or per-row for ``"none"``); ``(loss, z_loss)`` with
-        ``return_z_loss``.
+        ``return_z_loss``. Only one backward is allowed (the gradient computed in the forward is
+        scaled in place; the fallback keeps the rule): use ``torch.nn.functional.cross_entropy``
+        for ``retain_graph=True``.
     """
     check_float("logits", logits)
     if logits.dim() == 0:
@@ -695,7 +697,8 @@ def fused_linear_cross_entropy(
     Returns:
         The loss in float32 (float64 for float64 inputs; as Hugging Face's loss from upcast
         logits); ``(loss, z_loss)`` with ``return_z_loss``. Only one backward
-        is allowed for ``mean`` / ``sum`` (the stored gradients are scaled in place).
+        is allowed for ``mean`` / ``sum`` (the stored gradients are scaled in place; the
+        fallback keeps the rule).
     """
     label_smoothing, lse_square_scale, softcap, ignore_index, chunk_mib, device = check_flce_args(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, lse_square_scale, softcap,

@@ -285,6 +285,17 @@ def test_kernel_interpreter_no_grad_computes_no_gradient(simulated_device, poiso
     _check_no_grad_computes_no_gradient()
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_backward_once_on_the_fallback(reduction):
+    """The fallback keeps the kernels' rule (they scale the gradient in place): a second backward
+    fails on the CPU as on a GPU."""
+    x, t = _inputs(4, 30, torch.float32)
+    loss = F.cross_entropy(x.clone().requires_grad_(), t, reduction=reduction).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match=r"cross_entropy can run backward only once"):
+        loss.backward()
+
+
 @pytest.mark.interpreter
 def test_kernel_interpreter_inplace_on_rows_that_share_memory(simulated_device, poison):
     """In place on logits whose rows share memory (an expanded tensor the caller owns) would write

@@ -509,14 +509,32 @@ def test_kernel_interpreter_logit_rows_aligned(simulated_device, poison, monkeyp
         assert rel_err(out, r) <= 1e-5
 
 
+def _check_backward_once():
+    """mean and sum: one backward (the kernels scale the gradients in place); "none" recomputes
+    them, so a second backward is fine and doubles the gradient."""
+    h, w, b, t = _inputs(4, 8, 40, torch.float32)
+    for reduction in ("mean", "sum"):
+        hl = h.clone().requires_grad_()
+        loss = F.fused_linear_cross_entropy(hl, w, t, reduction=reduction)
+        loss.backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match=r"fused_linear_cross_entropy can run backward only once"):
+            loss.backward()
+    hl = h.clone().requires_grad_()
+    loss = F.fused_linear_cross_entropy(hl, w, t, reduction="none")
+    loss.sum().backward(retain_graph=True)
+    once = hl.grad.clone()
+    loss.sum().backward()
+    assert rel_err(hl.grad, 2 * once) <= 1e-6
+
+
+def test_backward_once_on_the_fallback():
+    """The fallback keeps the kernels' rule: code that backpropagates twice fails on the CPU too."""
+    _check_backward_once()
+
+
 @pytest.mark.interpreter
 def test_kernel_interpreter_backward_once(simulated_device):
-    h, w, b, t = _inputs(4, 8, 40, torch.float32)
-    hl = h.clone().requires_grad_()
-    loss = F.fused_linear_cross_entropy(hl, w, t)
-    loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match=r"can run backward only once"):
-        loss.backward()
+    _check_backward_once()
 
 
 @pytest.mark.interpreter

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .._autograd import first_order_only
+from .._autograd import backward_once, first_order_only
 
 # Memory of one chunk of compute-dtype logits, in bytes (a module constant the tests lower).
 CHUNK_BYTES = 32 * 2**20
@@ -124,6 +124,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     @first_order_only("cross_entropy")
     def backward(ctx, dloss, _dz):
+        backward_once(ctx, "cross_entropy")  # as the kernels (which scale the gradient in place)
         grad, count = ctx.saved_tensors
         f = _scale_for(dloss, ctx.reduction, count, grad.shape[0])
         return as_dtype(grad * f, grad.dtype), None, None, None, None, None, None, None
@@ -225,6 +226,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         ignore_index, label_smoothing, lse_square_scale, softcap, reduction = ctx.options
         want_h, want_w, _, want_b = ctx.needs_input_grad[:4]
         if reduction != "none":
+            backward_once(ctx, "fused_linear_cross_entropy")  # as the kernels (which scale in place)
             f = _scale_for(dloss, reduction, count, 1).reshape(())
         else:
             f = None

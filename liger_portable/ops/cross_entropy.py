@@ -283,7 +283,7 @@ def mean_scale(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
 # a custom op, opaque to the compiler (no graph break), which returns the unscaled gradient as an
 # output; the reduction and the product with the incoming gradient are traced PyTorch.
 
-from .._autograd import first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
+from .._autograd import backward_once, first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
 
 # The loss an autograd.Function returns is neither a no-op ``.to`` (as_dtype) nor an in-place result:
 # either got a zero gradient under torch.compile with torch 2.11.
@@ -372,13 +372,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
                 dloss_rows = dloss_rows * scale
             dloss_rows = dloss_rows.reshape(-1, 1)  # one factor per row, or one for all rows
             return (grad * dloss_rows).to(grad.dtype), None, None, None, None, None, None, None, None, None
-        if ctx.done:
-            raise RuntimeError(
-                "liger_portable cross_entropy can run backward only once: the gradient computed in the "
-                "forward was scaled in place by the first backward. For retain_graph=True or double "
-                "backward use torch.nn.functional.cross_entropy."
-            )
-        ctx.done = True
+        backward_once(ctx, "cross_entropy")
         grad = ctx.grad
         ctx.grad = None
         if dloss is not None:

@@ -310,7 +310,7 @@ def _reduce(loss_rows, z_rows, reduction, target, ignore_index, dtype):
 # opaque to the compiler (no graph break). There the forward op returns the reduced loss and (mean /
 # sum) the gradients as extra outputs, and the backward multiplies them (out of place).
 
-from .._autograd import first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
+from .._autograd import backward_once, first_order_only  # noqa: E402  (here: the autograd section does not version kernels)
 
 _FP16_MAX = 65504.0
 
@@ -438,13 +438,7 @@ class _FLCEFunction(torch.autograd.Function):
                 dloss, hidden, weight, target, bias, *ctx.options, want=ctx.want, chunk_mib=ctx.chunk_mib, dev=ctx.dev
             )
             return gh, gw, None, gb, None, None, None, None, None, None, None
-        if ctx.done:
-            raise RuntimeError(
-                "liger_portable fused_linear_cross_entropy can run backward only once: its gradients are "
-                "computed in the forward and scaled in place by the first backward. For retain_graph=True "
-                "or double backward use reduction='none' and reduce it yourself."
-            )
-        ctx.done = True
+        backward_once(ctx, "fused_linear_cross_entropy")
         gh, gw, gb = ctx.grads
         ctx.grads = None
         f = dloss.reshape(1).to(torch.float32)
