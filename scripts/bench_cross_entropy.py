@@ -20,6 +20,7 @@ import argparse
 import torch
 
 from benchlib import (
+    add_dtype_argument, require_gpu, shape_type,
     fastest_first, graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
     timing_records,
 )
@@ -121,12 +122,14 @@ def sweep(rows: int, V: int, dtype: torch.dtype, ceiling_gbs: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--shapes", nargs="+", default=["8192x128256", "4096x256000", "8192x32000"])
+    ap.add_argument("--shapes", type=shape_type("ROWSxV"), nargs="+",
+                    default=[(8192, 128256), (4096, 256000), (8192, 32000)], help="rows x vocabulary, e.g. 8192x128256")
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--dtype", default="bfloat16")
+    add_dtype_argument(ap)
     args = ap.parse_args()
+    require_gpu(ap.prog)
     dtype = getattr(torch, args.dtype)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+    shapes = args.shapes
     ceiling, records = measure_ceiling("copy")
     if args.sweep:
         for r, v in shapes:

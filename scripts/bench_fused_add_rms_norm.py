@@ -33,7 +33,7 @@ import argparse
 import torch
 
 from benchlib import (
-    fastest_first,
+    add_dtype_argument, fastest_first, require_gpu,
     graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, record, save_records,
     sweep_records, timing_records,
 )
@@ -237,11 +237,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--all-points", action="store_true", help="--sweep: keep points that must spill")
-    ap.add_argument("--dtype", default="bfloat16")
+    add_dtype_argument(ap)
     ap.add_argument(
         "--kernels", nargs="+", default=["fused_add_rms_norm_fwd", "fused_add_rms_norm_bwd"], help="for --sweep"
     )
     args = ap.parse_args()
+    require_gpu(ap.prog)
     if args.hidden is None:
         args.hidden = [4096] if args.sweep else [4096, 2880, 5120, 8192]
     dtype = getattr(torch, args.dtype)

@@ -25,6 +25,7 @@ import argparse
 import torch
 
 from benchlib import (
+    add_dtype_argument, require_gpu, shape_type,
     fastest_first, graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
     timing_records,
 )
@@ -52,15 +53,34 @@ SHAPE_SETS = {
 }
 
 
-def parse_shapes(items: list[str]) -> list[tuple[int, int, int]]:
-    """``BTxHxV`` strings and set names (SHAPE_SETS) as a list of shapes, in order, each once."""
+def shapes_arg(item: str) -> list[tuple[int, int, int]]:
+    """One ``--shapes`` value (argparse ``type=``): a set's shapes (SHAPE_SETS), or one ``BTxHxV``."""
+    if item in SHAPE_SETS:
+        return list(SHAPE_SETS[item])
+    try:
+        return [shape_type("BTxHxV")(item)]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}; or a set: {', '.join(SHAPE_SETS)}") from None
+
+
+def parse_shapes(groups: list[list[tuple[int, int, int]]]) -> list[tuple[int, int, int]]:
+    """The shapes of ``--shapes`` values (each :func:`shapes_arg`'s list), in order, each once."""
     out: list[tuple[int, int, int]] = []
-    for item in items:
-        for shape in SHAPE_SETS.get(item) or [tuple(int(v) for v in item.split("x"))]:
-            if len(shape) != 3:
-                raise SystemExit(f"--shapes: {item!r} is neither BTxHxV nor one of {', '.join(SHAPE_SETS)}")
+    for group in groups:
+        for shape in group:
             if shape not in out:
                 out.append(shape)
+    return out
+
+
+def chunk_mibs_arg(s: str) -> tuple[int, ...]:
+    """``--chunk-mib``: comma-separated positive integers ("" for none)."""
+    try:
+        out = tuple(int(m) for m in s.split(",") if m.strip())
+    except ValueError:
+        out = (0,)
+    if any(m < 1 for m in out):
+        raise argparse.ArgumentTypeError(f"{s!r} is not a comma-separated list of positive integers, e.g. 512,1024")
     return out
 
 
@@ -180,14 +200,16 @@ def sweep(BT: int, H: int, V: int, dtype: torch.dtype, ceiling: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--shapes", nargs="+", default=["headline"], help=f"BTxHxV, or a set: {', '.join(SHAPE_SETS)}")
+    ap.add_argument("--shapes", type=shapes_arg, nargs="+", default=[SHAPE_SETS["headline"]],
+                    help=f"BTxHxV, or a set: {', '.join(SHAPE_SETS)} (default headline)")
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--chunk-mib", default="", help="also time ours with these chunk_mib values, e.g. 512,1024")
+    add_dtype_argument(ap)
+    ap.add_argument("--chunk-mib", type=chunk_mibs_arg, default="", help="also time ours with these chunk_mib values, e.g. 512,1024")
     ap.add_argument("--skip-eager-over-gib", type=float, default=8.0, help="skip the eager peer above this fp32 logits size")
     ap.add_argument("--skip-compile-over-gib", type=float, default=40.0,
                     help="skip torch.compile above this fp32 logits size (it holds chunks of them: 18 GiB at 32768 x 256000)")
     args = ap.parse_args()
+    require_gpu(ap.prog)
     dtype = getattr(torch, args.dtype)
     shapes = parse_shapes(args.shapes)
     ceiling, records = measure_ceiling("matmul")
@@ -202,8 +224,7 @@ def main() -> None:
         print(f"fused linear cross-entropy BT {BT} H {H} V {V} {args.dtype} forward+backward "
               f"(matmul floor {3 * 2 * BT * H * V / ceiling / 1e9:.1f} ms)")
         skip = {"eager": args.skip_eager_over_gib, "torch.compile": args.skip_compile_over_gib}
-        rows += bench_compare(BT, H, V, dtype, ceiling, skip,
-                              tuple(int(m) for m in args.chunk_mib.split(",") if m))
+        rows += bench_compare(BT, H, V, dtype, ceiling, skip, args.chunk_mib)
     for r in rows:
         records += timing_records("fused_linear_cross_entropy", f"{r['BT']}x{r['H']}x{r['V']}", r["impl"], r["ms"],
                                   r["graph_ms"], pct=r["pct_matmul"], pct_key="pct_matmul",

@@ -43,6 +43,7 @@ import time
 import torch
 
 from benchlib import (
+    add_dtype_argument, require_gpu, shape_type,
     fastest_first, graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, save_records, sweep_records,
     timing_records,
 )
@@ -202,17 +203,12 @@ def sweep(op_kernels: list[str], rows: int, n: int, dtype: torch.dtype, ceiling_
     return out
 
 
-def _shape(s: str) -> tuple[int, int]:
-    rows, n = s.lower().split("x")
-    return int(rows), int(n)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", type=_shape, nargs="+", default=[(16384, 14336), (16384, 8192), (4096, 28672)],
+    ap.add_argument("--shapes", type=shape_type("ROWSxN"), nargs="+", default=[(16384, 14336), (16384, 8192), (4096, 28672)],
                     help="rows x n, e.g. 16384x14336 (--sweep uses the first)")
     ap.add_argument("--ops", nargs="+", default=["swiglu", "geglu"], choices=["swiglu", "geglu"])
-    ap.add_argument("--dtype", default="bfloat16")
+    add_dtype_argument(ap)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--kernels", nargs="+", default=["swiglu_fwd", "swiglu_bwd"],
                     choices=["swiglu_fwd", "swiglu_bwd", "geglu_fwd", "geglu_bwd"], help="for --sweep")
@@ -222,6 +218,7 @@ def main() -> None:
     ap.add_argument("--all-points", action="store_true", help="--sweep: no elements-per-thread filter")
     ap.add_argument("--budget-s", type=float, default=85, help="--sweep: seconds for all kernels together")
     args = ap.parse_args()
+    require_gpu(ap.prog)
     dtype = getattr(torch, args.dtype)
     t_start = time.perf_counter()
     ceiling, records = measure_ceiling("copy")

@@ -40,7 +40,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as TF
 
-from benchlib import environment, graph_ms, record, save_records
+from benchlib import environment, graph_ms, record, require_gpu, save_records
 
 from liger_portable import functional as F
 from liger_portable.ops import launching
@@ -424,9 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also profile ours per op: a cProfile (DIR/profile_<op>.txt) and a torch.profiler "
                          "table by thread (DIR/profile_<op>_torch.txt)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a GPU")
-        return 1
+    require_gpu(ap.prog)
     dev = torch.device("cuda")
     env = environment()
     print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  liger-kernel {env.get('liger_kernel')}  "

@@ -18,7 +18,7 @@ import argparse
 import torch
 
 from benchlib import (
-    fastest_first,
+    add_dtype_argument, fastest_first, require_gpu,
     graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, save_records, sweep_records,
     timing_records,
 )
@@ -158,11 +158,12 @@ def main() -> None:
                     help="default: 4096 2880 5120 8192 (with --sweep: 4096, to stay within two minutes)")
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--dtype", default="bfloat16")
+    add_dtype_argument(ap)
     ap.add_argument("--kernels", nargs="+", default=["layer_norm_fwd", "layer_norm_bwd"], help="for --sweep")
     ap.add_argument("--max-per-thread", type=int, default=MAX_VALUES_PER_THREAD,
                     help="--sweep skips tiles holding more fp32 values a thread than this (spills; the tuner's bound)")
     args = ap.parse_args()
+    require_gpu(ap.prog)
     if args.hidden is None:
         args.hidden = [4096] if args.sweep else [4096, 2880, 5120, 8192]
     dtype = getattr(torch, args.dtype)

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from benchlib import environment, peak_extra_mib, save_records, timing_records
+from benchlib import environment, peak_extra_mib, require_gpu, save_records, timing_records
 
 from liger_portable import chunked_loss as C
 
@@ -121,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=10, help="timed calls per implementation (median)")
     ap.add_argument("--skip-unfused-over-gib", type=float, default=40.0)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a GPU")
-        return 1
+    require_gpu(ap.prog)
     print(environment())
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)

@@ -2,7 +2,8 @@
 
 Runs anywhere: on a GPU machine it resolves for device 0; elsewhere for a simulated H200.
 Also reports the host-side cost of one eager ``functional.rms_norm`` call when a GPU is present.
-The figures go to the results log as metric ``host_us`` (``$OUT/resolve.jsonl`` if OUT is set).
+The figures go to the results log as metric ``host_us`` (``$OUT/resolve.jsonl`` if OUT is set; on a
+machine without a GPU only there: set OUT).
 
     python scripts/bench_resolve.py
 """
@@ -14,7 +15,7 @@ import timeit
 
 import torch
 
-from benchlib import record, save_records
+from benchlib import record, require_destination, save_records
 
 import liger_portable
 from liger_portable.configs import resolve
@@ -22,7 +23,9 @@ from liger_portable.hardware import DeviceInfo
 
 
 def main(argv: list[str] | None = None) -> None:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.parse_args(argv)
+    require_destination(ap.prog)  # a CPU run's records: to $OUT only
     p = liger_portable.platform()
     dev = p.device(0) if p.backend != "cpu" else DeviceInfo("cuda", 0, "NVIDIA H200", "sm90", 32, 132, 1024, 232448)
     problems = [(h, r) for h in (1024, 2880, 4096, 5120, 8192) for r in (2048, 16384)]

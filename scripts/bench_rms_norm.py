@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from benchlib import (
-    fastest_first,
+    add_dtype_argument, fastest_first, require_gpu,
     graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, save_records, sweep_records,
     timing_records,
 )
@@ -145,9 +145,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, nargs="+", default=[4096, 2880, 5120, 8192])
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--dtype", default="bfloat16")
+    add_dtype_argument(ap)
     ap.add_argument("--kernels", nargs="+", default=["rms_norm_fwd", "rms_norm_bwd"], help="for --sweep")
     args = ap.parse_args()
+    require_gpu(ap.prog)
     dtype = getattr(torch, args.dtype)
     ceiling, records = measure_ceiling("copy")
     if args.sweep:

@@ -27,7 +27,7 @@ import argparse
 import torch
 
 from benchlib import (
-    fastest_first,
+    add_dtype_argument, fastest_first, require_gpu,
     graph_ms, markdown_table, measure_ceiling, median_ms, peak_extra_mib, precompile, save_records, sweep_records,
     timing_records,
 )
@@ -195,8 +195,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--dtype", default="bfloat16")
+    add_dtype_argument(ap)
     args = ap.parse_args()
+    require_gpu(ap.prog)
     dtype = getattr(torch, args.dtype)
     ceiling, records = measure_ceiling("copy")
     if args.sweep:

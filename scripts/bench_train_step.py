@@ -48,7 +48,7 @@ import time
 
 import torch
 
-from benchlib import environment, markdown_table, record, save_records
+from benchlib import environment, markdown_table, record, require_destination, save_records
 from liger_portable.demo import SIZES as DEMO_SIZES
 
 VARIANTS = ("hf", "liger-kernel", "liger-portable", "liger-portable-kernels")
@@ -137,7 +137,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.device = args.device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu")
     if args.steps < 1 or args.warmup < 0 or args.repeats < 1:
         ap.error("--steps and --repeats must be >= 1 and --warmup >= 0")
+    small = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in ("batch", "seq", "loss_steps")
+             if getattr(args, name) < 1]
+    if small:
+        ap.error(f"--batch, --seq and --loss-steps must be >= 1, got {', '.join(small)}")
+    try:
+        torch.device(args.device)
+    except (RuntimeError, ValueError):
+        ap.error(f"--device {args.device!r} is not a torch device (e.g. cuda, cuda:1, cpu)")
+    if not tiny and not args.worker:  # a CPU run's records go to $OUT only: say so before training
+        require_destination(ap.prog, _record_device(args))
     return args
+
+
+def _record_device(args: argparse.Namespace) -> str | None:
+    """The device the records name: "cpu" for a run on the CPU (a GPU machine's ``--device cpu``
+    included), else None (this machine's GPU)."""
+    return "cpu" if torch.device(args.device).type == "cpu" else None
 
 
 def build_model(args: argparse.Namespace, device: torch.device):
@@ -415,7 +431,7 @@ def records(args: argparse.Namespace, results: list[dict]) -> list[dict]:
         runs = r.get("tokens_per_s_runs", [])
         out.append(record(
             "train_step", shape, _label(args, r["variant"]), "tokens_per_s",
-            round(r["tokens_per_s"], 1), dtype=args.dtype, peak_gib=round(r["peak_gib"], 3) if "peak_gib" in r else None,
+            round(r["tokens_per_s"], 1), device=_record_device(args), dtype=args.dtype, peak_gib=round(r["peak_gib"], 3) if "peak_gib" in r else None,
             median_step_ms=round(r["median_ms"], 1), vs_hf=round(r["tokens_per_s"] / hf, 3) if hf else None,
             max_loss_diff=float(f"{r['max_loss_diff']:.3g}") if "max_loss_diff" in r else None,
             gpu_busy_pct=round(100 * prof["busy_ms"] / prof["wall_ms"], 1) if prof else None,

@@ -7,17 +7,88 @@ bandwidth for memory-bound ops, the bf16 matmul rate for matmul-bound ones), so 
 how close it came to what that GPU did at that moment, and runs on different machines compare.
 
 Results: ``save_records(name, records)`` appends them to ``$OUT/<name>.jsonl`` if OUT is set (bring
-the file back and ``python scripts/results_log.py add`` it), else to ``scripts/results/log.jsonl``.
+the file back and ``python scripts/results_log.py add`` it), else to ``scripts/results/log.jsonl``
+(records of a CPU run only to ``$OUT``: see :func:`results_log.save`).
+
+Command lines: :func:`require_gpu` (after parsing the arguments: a one-line error without a GPU),
+``--dtype`` through :func:`add_dtype_argument`, shapes such as ``16384x4096`` through :func:`shape_type`.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 import results_log
+
+
+# --------------------------------------------------------------------------- command lines
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+
+
+def dtype_name(s: str) -> str:
+    """``--dtype``'s value as a torch dtype's name (``bf16`` -> ``bfloat16``, ``fp16``, ``fp32`` likewise);
+    any other name is left as it is, for argparse's ``choices`` to refuse."""
+    low = s.strip().lower()
+    return _DTYPE_ALIASES.get(low, low)
+
+
+def add_dtype_argument(ap: argparse.ArgumentParser, default: str = "bfloat16", what: str = "the inputs' dtype") -> None:
+    """``--dtype`` with the names a benchmark accepts: ``args.dtype`` is the name (``"bfloat16"``, as the
+    records say), ``getattr(torch, args.dtype)`` the dtype."""
+    ap.add_argument("--dtype", type=dtype_name, choices=DTYPE_NAMES, default=default,
+                    help=f"{what} (default {default}; bf16, fp16, fp32 also accepted)")
+
+
+def shape_type(form: str) -> Callable[[str], tuple[int, ...]]:
+    """An argparse ``type=`` for a shape written ``form`` (``"ROWSxN"``: as many positive integers as it has
+    parts, joined by ``x``): ``"16384x4096"`` -> ``(16384, 4096)``; anything else an ArgumentTypeError."""
+    n = len(form.split("x"))
+
+    def parse(s: str) -> tuple[int, ...]:
+        try:
+            dims = tuple(int(v) for v in s.strip().lower().split("x"))
+        except ValueError:
+            dims = ()
+        if len(dims) != n or min(dims) < 1:
+            raise argparse.ArgumentTypeError(f"{s!r} is not {form} ({n} positive integers joined by 'x', "
+                                             f"e.g. {'x'.join(['4096'] * n)})")
+        return dims
+
+    parse.__name__ = form  # argparse names the type in some errors
+    return parse
+
+
+def require_gpu(prog: str | None = None) -> None:
+    """Return if a GPU is in use (torch.cuda: NVIDIA or AMD), else exit with status 2 and a one-line error
+    naming the script: the benchmarks time device kernels and have nothing to measure on the CPU."""
+    if torch.cuda.is_available():
+        return
+    prog = prog or Path(sys.argv[0]).name
+    print(f"{prog}: error: needs a GPU (torch.cuda.is_available() is False): run it on a machine with an "
+          "NVIDIA or AMD GPU and a CUDA or ROCm build of torch (e.g. through scripts/gpu_session.sh)", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def require_destination(prog: str | None = None, device: str | None = None) -> None:
+    """Exit with status 2 and a one-line error if the records of a run on ``device`` (default: this
+    machine's) would go to the committed results log but must not (a CPU run without OUT): checked before
+    measuring, so that nothing is measured for records that :func:`save_records` would refuse."""
+    try:
+        results_log.check_destination(device or env()["device"])
+    except results_log.CPURecordsError as e:
+        print(f"{prog or Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+# --------------------------------------------------------------------------- measurements
 
 
 def median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 300) -> float:
@@ -118,10 +189,12 @@ def _sig(v: float, digits: int = 6) -> float:
     return float(f"{v:.{digits}g}")
 
 
-def record(op: str, shape, impl: str, metric: str, value: float, **extra) -> dict:
-    """One results-log record of this run (see ``scripts/results_log.py``); floats kept to 6 digits."""
+def record(op: str, shape, impl: str, metric: str, value: float, *, device: str | None = None, **extra) -> dict:
+    """One results-log record of this run (see ``scripts/results_log.py``); floats kept to 6 digits.
+    ``device``: the device measured, where it is not this machine's GPU (a run on the CPU: "cpu")."""
     extra = {k: (_sig(v) if isinstance(v, float) else v) for k, v in extra.items()}
-    return results_log.record(op, shape, impl, metric, _sig(value), env=env(), **extra)
+    e = env() if device is None else {**env(), "device": device}
+    return results_log.record(op, shape, impl, metric, _sig(value), env=e, **extra)
 
 
 def timing_records(op: str, shape, impl: str, ms: float, graph_ms: float = math.nan, *, pct: float | None = None,
@@ -183,8 +256,14 @@ def sweep_records(kernel: str, shape, result: dict, **extra) -> list[dict]:
 
 
 def save_records(name: str, records: list[dict]) -> str:
-    """Append ``records`` to ``$OUT/<name>.jsonl`` if OUT is set, else to the results log; returns the path."""
-    return results_log.save(records, name)
+    """Append ``records`` to ``$OUT/<name>.jsonl`` if OUT is set, else to the results log; returns the path.
+    CPU records without OUT are refused (exit status 2, one line; :func:`require_destination` says so
+    before anything is measured)."""
+    try:
+        return results_log.save(records, name)
+    except results_log.CPURecordsError as e:
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:

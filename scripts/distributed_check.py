@@ -255,14 +255,43 @@ def check_autotune_agreement() -> dict:
 # --------------------------------------------------------------------------- driver
 
 
+def unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written (an existing file is opened for appending, which changes nothing; a
+    new one is probed with a temporary file beside it), or None if it can."""
+    import tempfile
+
+    if os.path.isdir(path):
+        return "it is a folder"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"no folder {folder}"
+    try:
+        if os.path.exists(path):
+            open(path, "a").close()
+        else:
+            tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checks", nargs="+", default=["dtensor", "ddp", "fsdp2"], choices=["dtensor", "ddp", "fsdp2"])
     ap.add_argument("--dtype", nargs="+", default=None, choices=["float32", "bfloat16"],
                     help="default: float32 on CPU; float32 and bfloat16 on GPUs")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=6, help="training steps of ddp and fsdp2 (default 6)")
     ap.add_argument("--json", help="rank 0 writes the results here")
     args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error(f"--steps must be >= 1, got {args.steps}")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        ap.error("run it under torchrun (RANK/WORLD_SIZE not set), e.g. "
+                 "torchrun --nproc-per-node 2 scripts/distributed_check.py")
+    if args.json and os.environ["RANK"] == "0":  # before the checks run: rank 0 writes it after them
+        why = unwritable(args.json)
+        if why:
+            ap.error(f"--json: cannot write {args.json} ({why})")
 
     gpu = torch.cuda.is_available()
     if gpu:
@@ -288,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             import liger_portable
 
             meta = {"world": dist.get_world_size(), "backend": dist.get_backend(), "device": str(device),
+                    "device_name": torch.cuda.get_device_name(device) if gpu else "cpu",
                     "platform": str(liger_portable.platform()), "torch": torch.__version__}
             for r in results:
                 err = r.get("max rel err", r.get("max rel loss diff"))

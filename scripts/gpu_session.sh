@@ -16,7 +16,7 @@
 # Variables: CHECK=0 skips `liger-portable check`; TESTS=0 skips the GPU tests (TESTS='tests/test_rope.py'
 #   runs only those), TEST_WORKERS (default 8), TEST_TIMEOUT (default 1800 s); DEMO=1 runs
 #   `liger-portable demo`; WARMUP=llama-3-8b times the warmup from an empty cache and checks that a
-#   re-run is a no-op (WARMUP_ARGS, WARMUP_TIMEOUT default 900 s); MULTI_GPU=1 runs
+#   re-run is a no-op: every problem cached (WARMUP_ARGS, WARMUP_TIMEOUT default 900 s); MULTI_GPU=1 runs
 #   scripts/distributed_check.py, the run-time autotune agreement and the warmup under torchrun over
 #   NPROC (default 2) GPUs; BENCH_ARGS for every bench, BENCH_ARGS_<name> for one, BENCH_TIMEOUT
 #   (default 900 s a bench); LOG_DIR (without OUT; default a new folder under /tmp).
@@ -122,9 +122,26 @@ if [ -n "${WARMUP:-}" ]; then   # e.g. WARMUP=llama-3-8b: time the warmup from a
   step warmup "${PIPESTATUS[0]}"
   record warmup "$LOGS/warmup.txt" --label "$WARMUP${WARMUP_ARGS:+ $WARMUP_ARGS}"
   cp "$LIGER_PORTABLE_CACHE_DIR"/*.json "$LOGS/" 2>/dev/null
-  timeout "${WARMUP_TIMEOUT:-900}" python3 -m liger_portable warmup "$WARMUP" ${WARMUP_ARGS:-} 2>&1 | tail -3 \
-    | tee "$LOGS/warmup_rerun.txt"  # must be a no-op
-  step "warmup re-run" "${PIPESTATUS[0]}"
+  # the re-run must be a no-op: it fails unless it exits 0 and its --json lists every problem as cached
+  timeout "${WARMUP_TIMEOUT:-900}" python3 -m liger_portable warmup "$WARMUP" ${WARMUP_ARGS:-} --json \
+    > "$LOGS/warmup_rerun.json" 2> "$LOGS/warmup_rerun.txt"
+  rc=$?
+  python3 - "$LOGS/warmup_rerun.json" <<'END' 2>&1 | tee -a "$LOGS/warmup_rerun.txt"
+import json, sys
+try:
+    with open(sys.argv[1]) as f:
+        rows = json.load(f)["results"]
+    redone = ["%s %s %s: %s" % (r["kernel"], r["problem"], r["dtype"], r["status"]) for r in rows
+              if r["status"] != "cached"]
+except (OSError, ValueError, KeyError, TypeError) as e:
+    sys.exit("warmup re-run: no results in its --json output (%s: %s)" % (type(e).__name__, e))
+if redone or not rows:
+    sys.exit("warmup re-run: not a no-op: %d of %d problems not cached: %s" % (len(redone), len(rows), "; ".join(redone)))
+print("warmup re-run: a no-op (%d problems, all cached)" % len(rows))
+END
+  checked=${PIPESTATUS[0]}
+  [ "$rc" != 0 ] || rc=$checked
+  step "warmup re-run" "$rc"
   unset LIGER_PORTABLE_CACHE_DIR
 fi
 if [ "${MULTI_GPU:-0}" != 0 ]; then

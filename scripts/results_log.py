@@ -24,6 +24,7 @@ In Python (a benchmark script in scripts/ imports this module directly)::
     recs = [results_log.record("rms_norm", "16384x4096", "liger-portable", "fwd_bwd_graph_ms", 0.182,
                                env=env, dtype="bfloat16", pct_copy=87.1)]
     results_log.save(recs, "rms_norm_bench")   # $OUT/rms_norm_bench.jsonl if OUT is set, else the log
+                                               # (CPU records: only with OUT set, else CPURecordsError)
     results_log.append(recs, path)             # validate, then append to any JSONL file (default: the log)
 
 From the shell::
@@ -35,7 +36,11 @@ From the shell::
     python scripts/results_log.py record pytest|check|warmup|demo|distributed FILE [--label L] [--shape S] [--out F]
                                                          # records from the output of pytest -m gpu,
                                                          # liger-portable check / warmup / demo --json,
-                                                         # distributed_check.py --json
+                                                         # distributed_check.py --json: the device (and
+                                                         # the demo's torch / triton versions) from the
+                                                         # output where it names them; the date, the other
+                                                         # versions (and a pytest run's device) from the
+                                                         # machine running record
 
 Exit status: 0 done; 1 a failure (an input that is not what its kind expects, a file that cannot be
 written, ``summary --check`` finding RESULTS.md out of date); 2 a usage error (a bad argument, a named
@@ -212,10 +217,27 @@ def append(records: Iterable[dict], path: str | os.PathLike = LOG) -> int:
     return len(records)
 
 
+class CPURecordsError(ValueError):
+    """Records of a CPU run that would go to the committed log (OUT unset): they must not."""
+
+
+def check_destination(device: str) -> None:
+    """CPURecordsError if records of ``device`` would go to the committed log (OUT unset) but must not:
+    the log holds figures measured on GPUs, so a CPU run's records go to ``$OUT`` only."""
+    if not os.environ.get("OUT") and device == "cpu":
+        log = LOG.relative_to(HERE.parent) if LOG.is_relative_to(HERE.parent) else LOG
+        raise CPURecordsError(f"records of a CPU run must not go to {log}: set OUT "
+                              "to a folder for them (e.g. OUT=/tmp/out), or run on a GPU")
+
+
 def save(records: Iterable[dict], name: str) -> str:
     """Where a benchmark puts its records: appended to ``$OUT/<name>.jsonl`` when OUT is set (a run on
-    another machine: bring the file back and ``add`` it), else to the log. Returns the path."""
+    another machine: bring the file back and ``add`` it), else to the log; records of a CPU run (device
+    "cpu") only with OUT set, else CPURecordsError and nothing written. Returns the path."""
+    records = list(records)
     out = os.environ.get("OUT")
+    for r in records:
+        check_destination(r.get("device") if isinstance(r, dict) else None)
     path = Path(out) / f"{name}.jsonl" if out else LOG
     append(records, path)
     return str(path)
@@ -265,8 +287,10 @@ def from_output(kind: str, text: str, env: dict, label: str | None = None, shape
     """Records from the output of ``pytest -m gpu`` (kind "pytest"), ``liger-portable check``
     ("check"), ``liger-portable warmup MODEL`` ("warmup"), ``liger-portable demo --json`` ("demo")
     or the JSON file of ``scripts/distributed_check.py --json`` ("distributed"). ``label`` is put
-    before the shape (for a warmup: the model); ``shape`` replaces it. No result in a text output
-    gives []; JSON that is not the expected output gives a ValueError naming ``source`` (the file)."""
+    before the shape (for a warmup: the model); ``shape`` replaces it. The records carry ``env``'s date
+    and versions, and the device the output names (check, warmup, demo, distributed; with the demo's
+    torch and triton versions, the distributed check's torch), else ``env``'s. No result in a text
+    output gives []; JSON that is not the expected output gives a ValueError naming ``source`` (the file)."""
     if kind not in SOURCES:
         raise ValueError(f"unknown kind {kind!r}: pytest, check, warmup, distributed or demo")
 
@@ -277,7 +301,7 @@ def from_output(kind: str, text: str, env: dict, label: str | None = None, shape
     if kind in ("distributed", "demo"):
         d = _json_object(text, kind, source)
         try:
-            return _from_json(kind, d, env, where)
+            return _from_json(kind, d, _json_env(kind, d, env), where)
         except (KeyError, IndexError, TypeError, AttributeError, ValueError, ZeroDivisionError) as e:
             what = f"no field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
             raise ValueError(f"{source} is not {SOURCES[kind]} ({what})") from None
@@ -296,14 +320,72 @@ def from_output(kind: str, text: str, env: dict, label: str | None = None, shape
         if not passed + failed:
             return []
         return [record("check", where("every kernel against float64"), "liger-portable", "check_passed", passed,
-                       env=env, failed=failed)]
+                       env=_with_device(env, _check_device(text)), failed=failed)]
     if kind == "warmup":
         m = re.search(r"warmup of (\d+) problems on (.+?): ([\d.]+) s", text)
         if not m:
             return []
         return [record("autotune_warmup", where(f"{m.group(1)} problems"), "liger-portable", "warmup_s",
-                       float(m.group(3)), env=env)]
+                       float(m.group(3)), env=_with_device(env, m.group(2).strip()))]
     return []
+
+
+def _with_device(env: dict, device: str | None, versions: dict | None = None) -> dict:
+    """``env`` with the device (and ``versions``: package -> version, None for one not installed there)
+    that a tool's output names, where it names them: the records then say where the figures were
+    measured, not where ``record`` ran."""
+    if not device and not versions:
+        return env
+    out = {**env, "versions": dict(env["versions"])}
+    if device:
+        out["device"] = device
+    for k, v in (versions or {}).items():
+        if isinstance(v, str) and v:
+            out["versions"][k] = v
+        elif v is None:
+            out["versions"].pop(k, None)
+    return out
+
+
+# liger-portable check's first line: "liger-portable check on NVIDIA H200 (cuda sm90)", "... on cpu (PyTorch
+# fallback)", or "... on NAME (BACKEND ARCH): not supported by the kernels, ..."
+_CHECK_ON = re.compile(r"^liger-portable check on (.+)$", re.M)
+_NAME_BACKEND = re.compile(r"^(.+?) \((?:cuda|rocm|xpu) [^()]*\)(?::|$)")
+
+
+def _check_device(text: str) -> str | None:
+    """The device ``liger-portable check``'s output names ("cpu" for the fallback), else None."""
+    m = _CHECK_ON.search(text)
+    if not m:
+        return None
+    where = m.group(1).strip()
+    if where == "cpu" or where.startswith("cpu "):
+        return "cpu"
+    named = _NAME_BACKEND.match(where)
+    return named.group(1) if named else None
+
+
+def _json_env(kind: str, d: dict, env: dict) -> dict:
+    """``env`` with the device and versions that a demo / distributed_check JSON object names (the demo:
+    ``device_name`` and ``platform``'s torch and triton; distributed_check: ``meta``'s ``device_name``,
+    or "cpu" for a CPU run, and its torch). A device given only as a type ("cuda") keeps ``env``'s."""
+    if not isinstance(d, dict):
+        return env
+    if kind == "demo":
+        name, dev = d.get("device_name"), str(d.get("device") or "")
+        plat = d.get("platform") if isinstance(d.get("platform"), dict) else {}
+        versions = {k: plat[k] for k in ("torch", "triton") if k in plat}
+    else:
+        meta = d.get("meta") if isinstance(d.get("meta"), dict) else {}
+        name, dev = meta.get("device_name"), str(meta.get("device") or "")
+        versions = {"torch": meta["torch"]} if isinstance(meta.get("torch"), str) else {}
+    if dev == "cpu" or name == "cpu":
+        device = "cpu"
+    elif isinstance(name, str) and name.strip() and name != dev.split(":")[0]:
+        device = name.strip()
+    else:
+        device = None
+    return _with_device(env, device, versions)
 
 
 def _from_json(kind: str, d: dict, env: dict, where: Callable[[str], str]) -> list[dict]:
@@ -635,8 +717,11 @@ def _run(args: argparse.Namespace) -> int:
             _write(f"{'--out' if args.out else '--log'} {where}", lambda: append(recs, where))
         else:
             out = os.environ.get("OUT")
-            where = _write(f"{out}/{args.kind}.jsonl (OUT is set)" if out else f"the log {LOG}",
-                           lambda: save(recs, args.kind), "set OUT to a writable folder, or name a file with --out")
+            try:
+                where = _write(f"{out}/{args.kind}.jsonl (OUT is set)" if out else f"the log {LOG}",
+                               lambda: save(recs, args.kind), "set OUT to a writable folder, or name a file with --out")
+            except CPURecordsError as e:
+                raise CommandError(f"{e}, or name a file with --out", 2) from None
         print(f"{where}: {len(recs)} records")
     return 0
 
@@ -658,10 +743,14 @@ def main(argv: list[str] | None = None) -> int:
                                       "distributed (--json)")
     r.add_argument("kind", choices=list(SOURCES), help="what FILE holds: "
                    + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()))
-    r.add_argument("file", help="the saved output of that tool")
+    r.add_argument("file", help="the saved output of that tool. The records take the device from it where it "
+                   "names one (check, warmup, demo, distributed), and the demo's torch and triton versions (the "
+                   "distributed check's torch); every other field (date, other versions, and the device of a "
+                   "pytest output) comes from the machine running record: run it there, or right after the run")
     r.add_argument("--label", help="put before the shape (a warmup: the model)")
     r.add_argument("--shape", help="the records' shape instead of the default (e.g. the tests run)")
-    r.add_argument("--out", help="append them here (default: $OUT/<kind>.jsonl if OUT is set, else the log)")
+    r.add_argument("--out", help="append them here (default: $OUT/<kind>.jsonl if OUT is set, else the log; "
+                                       "records of a CPU run need OUT or --out)")
     args = ap.parse_args(argv)
     try:
         return _run(args)

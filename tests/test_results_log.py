@@ -229,3 +229,37 @@ def test_summary_help_explains_out(capsys):
         rl.main(["summary", "--help"])
     assert e.value.code == 0
     assert "the Markdown file to write" in capsys.readouterr().out
+
+
+def test_save_refuses_cpu_records_without_out(tmp_path, monkeypatch):
+    """The committed log holds GPU figures: records of a CPU run go to $OUT only; without it save writes
+    nothing and says how to fix it."""
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setattr(rl, "LOG", log)
+    monkeypatch.delenv("OUT", raising=False)
+    cpu = rl.record("rms_norm", "16x64", "liger-portable", "host_us", 100.0, env={**ENV, "device": "cpu"})
+    with pytest.raises(rl.CPURecordsError, match="records of a CPU run must not go to .*set OUT"):
+        rl.save([rec(0.2), cpu], "x")
+    assert not log.exists()
+    assert rl.save([rec(0.2)], "x") == str(log) and len(rl.read(log)) == 1
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert rl.save([cpu], "x") == str(tmp_path / "x.jsonl")
+
+
+def test_records_take_the_device_from_the_output():
+    """A record made from a tool's output names the device the output names, not the machine running
+    ``record`` (ENV's device here is an H200)."""
+    out = "liger-portable check on NVIDIA H100 80GB HBM3 (cuda sm90)\n  PASS  rope bfloat16 (2,) x\n1 passed in 3 s\n"
+    assert rl.from_output("check", out, ENV)[0]["device"] == "NVIDIA H100 80GB HBM3"
+    out = "liger-portable check on cpu (PyTorch fallback)\n  PASS  rope float32 (2,) x\n"
+    assert rl.from_output("check", out, ENV)[0]["device"] == "cpu"
+    (r,) = rl.from_output("warmup", "warmup of 6 problems on AMD Instinct MI300X: 36.5 s (x)\n", ENV)
+    assert r["device"] == "AMD Instinct MI300X"
+    demo = {**DEMO, "device": "cuda:0", "device_name": "NVIDIA A100-SXM4-80GB",
+            "platform": {"torch": "2.9.1", "triton": "3.5.1"}}
+    for r in rl.from_output("demo", json.dumps(demo), ENV):
+        assert r["device"] == "NVIDIA A100-SXM4-80GB" and r["versions"]["torch"] == "2.9.1"
+        assert r["versions"]["triton"] == "3.5.1" and r["versions"]["liger_portable"] == "abc1234"
+    for r in rl.from_output("demo", json.dumps({**DEMO, "device": "cpu", "device_name": "cpu"}), ENV):
+        assert r["device"] == "cpu"
+    assert rl.from_output("demo", json.dumps(DEMO), ENV)[0]["device"] == "NVIDIA H200"  # names none: ENV's

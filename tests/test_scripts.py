@@ -4,6 +4,7 @@ nothing: a script broken by a change to the package fails here, not on the next 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -143,3 +144,97 @@ def test_gpu_session_refuses_to_run_without_a_gpu(tmp_path):
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
     assert r.stderr == "gpu_session.sh: error: ALLOW_CPU=1 needs OUT: a CPU run's records must not go to " \
                        "scripts/results/log.jsonl\n"
+
+
+def _script(tmp_path, name: str, *args: str, out: bool = True) -> subprocess.CompletedProcess:
+    """Run scripts/``name`` in ``tmp_path`` (OUT there when ``out``); the repository's log must stay as it was."""
+    log = SCRIPTS / "results" / "log.jsonl"
+    before = log.stat().st_size
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    if out:
+        (tmp_path / "out").mkdir(exist_ok=True)
+        env["OUT"] = str(tmp_path / "out")
+    r = subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path, env=env)
+    assert log.stat().st_size == before
+    return r
+
+
+GPU_BENCHES = ["bench_rms_norm.py", "bench_layer_norm.py", "bench_fused_add_rms_norm.py", "bench_glu.py",
+               "bench_rope.py", "bench_cross_entropy.py", "bench_fused_linear_cross_entropy.py",
+               "bench_host_overhead.py", "bench_preference_loss.py"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the run without a GPU")
+@pytest.mark.parametrize("name", GPU_BENCHES)
+def test_gpu_bench_without_a_gpu_is_one_line(name, tmp_path):
+    """A GPU benchmark started without a GPU says so in one line (exit 2), not a traceback from the
+    first CUDA call, and writes nothing."""
+    r = _script(tmp_path, name)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.startswith(f"{name}: error: needs a GPU") and r.stderr.count("\n") == 1, r.stderr
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("name, args, message", [
+    ("bench_rms_norm.py", ["--dtype", "bfloat8"], "argument --dtype: invalid choice: 'bfloat8'"),
+    ("bench_cross_entropy.py", ["--shapes", "8192x"], "argument --shapes: '8192x' is not ROWSxV"),
+    ("bench_glu.py", ["--shapes", "0x4096"], "argument --shapes: '0x4096' is not ROWSxN"),
+    ("bench_fused_linear_cross_entropy.py", ["--shapes", "big"], "'big' is not BTxHxV"),
+    ("bench_fused_linear_cross_entropy.py", ["--chunk-mib", "512,-1"], "'512,-1' is not a comma-separated list"),
+    ("bench_train_step.py", ["--loss-steps", "0"], "--batch, --seq and --loss-steps must be >= 1, got --loss-steps 0"),
+    ("bench_train_step.py", ["--seq", "-4"], "got --seq -4"),
+    ("distributed_check.py", ["--steps", "0"], "--steps must be >= 1, got 0"),
+    ("distributed_check.py", [], "run it under torchrun (RANK/WORLD_SIZE not set)"),
+])
+def test_bad_arguments_are_usage_errors_before_running(name, args, message, tmp_path):
+    """Arguments are checked before anything runs: an argparse usage error (exit 2) naming them, not a
+    traceback or a measurement of something else (bf16 spelt wrongly used to be getattr's AttributeError)."""
+    r = _script(tmp_path, name, *args)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_dtype_names_and_shapes_parse(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import argparse
+
+    import benchlib
+
+    ap = argparse.ArgumentParser()
+    benchlib.add_dtype_argument(ap)
+    assert [ap.parse_args(["--dtype", s]).dtype for s in ("bf16", "FP16", "fp32", "float32")] == \
+        ["bfloat16", "float16", "float32", "float32"]
+    assert ap.parse_args([]).dtype == "bfloat16"
+    assert benchlib.shape_type("BTxHxV")("8192X4096x128256") == (8192, 4096, 128256)
+    for bad in ("8192x4096", "8192x4096x", "axbxc", "1x0x1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not BTxHxV"):
+            benchlib.shape_type("BTxHxV")(bad)
+
+
+def test_distributed_check_refuses_an_unwritable_json_before_running(tmp_path):
+    """Under torchrun's variables, rank 0 checks that --json can be written before the checks run (their
+    results were lost at the end of the run)."""
+    env = {**{k: v for k, v in os.environ.items() if k != "OUT"}, "RANK": "0", "WORLD_SIZE": "1"}
+    for target, why in ((tmp_path / "no" / "r.json", "no folder"), (tmp_path, "it is a folder")):
+        r = subprocess.run([sys.executable, str(SCRIPTS / "distributed_check.py"), "--json", str(target)],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+        assert r.returncode == 2 and f"--json: cannot write {target} ({why}" in r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name, args", [("bench_resolve.py", []), ("bench_train_step.py", ["--steps", "1"])])
+def test_cpu_runs_write_no_records_to_the_committed_log(name, args, tmp_path):
+    """Benchmarks that also run on the CPU refuse, before measuring, to put CPU figures into the committed
+    log (OUT unset), naming the fix; with OUT set their records go there, marked device "cpu"."""
+    if __import__("torch").cuda.is_available():
+        pytest.skip("checks a machine without a GPU")
+    r = _script(tmp_path, name, *args, out=False)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert "records of a CPU run must not go to scripts/results/log.jsonl: set OUT" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1
+    if name == "bench_resolve.py":
+        r = _script(tmp_path, name, *args)
+        assert r.returncode == 0, r.stderr[-2000:]
+        recs = [json.loads(line) for line in (tmp_path / "out" / "resolve.jsonl").read_text().splitlines()]
+        assert recs and {x["device"] for x in recs} == {"cpu"}
