@@ -448,6 +448,29 @@ def test_kernel_interpreter_non_contiguous(simulated_device, poison):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("inplace", [False, True], ids=["out_of_place", "inplace"])
+@pytest.mark.parametrize("pads", [(7, 0, 0), (0, 7, 0), (0, 0, 5), (3, 11, 5)], ids=lambda p: "pad%d-%d-%d" % p)
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_row_strides_differ(simulated_device, poison, act, pads, inplace):
+    """a, b and the upstream gradient each with its own row stride (slices of wider tensors, as a gate
+    and an up projection taken from different buffers): every stride reaches its own tensor, forward and
+    backward, and the gradients land in the slices alone."""
+    rows, n = 6, 70
+    g = torch.Generator().manual_seed(3)
+    wide = [torch.randn(rows, n + p, generator=g) for p in pads]
+    A, B = (wide[0] * 2 + 0.1).requires_grad_(), (wide[1] + 0.1).requires_grad_()
+    dc = wide[2][:, :n]
+    ref = _reference(act, A[:, :n], B[:, :n], dc)
+    # in place refuses a leaf's storage: then a and b are slices of activations (times one)
+    a, b = ((A * 1)[:, :n], (B * 1)[:, :n]) if inplace else (A[:, :n], B[:, :n])
+    assert (a.stride(0), b.stride(0), dc.stride(0)) == tuple(n + p for p in pads)
+    c = getattr(F, act)(a, b, inplace_backward=inplace)
+    c.backward(dc)
+    _assert_close(act, (c, A.grad[:, :n], B.grad[:, :n]), ref, torch.float32)
+    assert not A.grad[:, n:].any() and not B.grad[:, n:].any()
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("act", ACTS)
 def test_kernel_interpreter_large_inputs(simulated_device, poison, act):
     """Saturated activations (|a| up to 200: exp overflows to inf in fp32) stay finite and exact."""
