@@ -255,3 +255,19 @@ def problem_for(kernel: str, n_cols: int, n_rows: int) -> tuple:
 
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+def beyond_int32_rows(rows: int, n: int, dtype=torch.bfloat16, seed: int = 0, scale: float = 1.0,
+                      shift: float = 0.0) -> torch.Tensor:
+    """A (rows, n) tensor of random values whose last two rows start beyond 2**31 elements (where an
+    int32 row offset wraps): rows far apart (a row stride of about 2**31 / (rows - 2) elements, a
+    multiple of 64) in a buffer that is allocated but written only at the rows, so its untouched pages
+    take no memory and the Triton interpreter checks a kernel's int64 offsets on the CPU with a few
+    MiB. A leaf (it can require grad; its gradient is then contiguous)."""
+    stride = max(n, -(-(2**31) // ((rows - 2) * 64)) * 64)
+    base = torch.empty((rows - 1) * stride + n, dtype=dtype)
+    x = base.as_strided((rows, n), (stride, 1))
+    g = torch.Generator().manual_seed(seed)
+    x.copy_(torch.randn(rows, n, generator=g) * scale + shift)
+    assert x.stride(0) * (rows - 2) >= 2**31
+    return x

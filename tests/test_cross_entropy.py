@@ -18,7 +18,7 @@ import liger_portable
 from liger_portable import functional as F
 from liger_portable import nn as lnn
 
-from conftest import TOL, rel_err
+from conftest import TOL, beyond_int32_rows, rel_err
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 REDUCTIONS = ["mean", "sum", "none"]
@@ -553,3 +553,22 @@ def test_compile_fullgraph_gpu():
     loss = torch.compile(F.cross_entropy, fullgraph=True)(leaf, t, label_smoothing=0.1, softcap=30.0)
     loss.backward()
     assert rel_err(loss, ref[0]) <= 1e-2 and rel_err(leaf.grad, ref[2]) <= 1e-2
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+@pytest.mark.parametrize("inplace", [False, True], ids=["out_of_place", "inplace"])
+def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison, inplace):
+    """Logit rows that start beyond 2**31 elements (see beyond_int32_rows; in place, the gradient is
+    written there too): the loss and gradient of every row right (int64 row offsets)."""
+    rows, V = 9, 100
+    x = beyond_int32_rows(rows, V, scale=3.0)
+    t = torch.randint(0, V, (rows,), generator=torch.Generator().manual_seed(1))
+    t[3] = -100
+    logits = x.requires_grad_()
+    go = torch.rand(rows, generator=torch.Generator().manual_seed(2)) + 0.5  # a factor per row: the scaling launch
+    ref_loss, _, ref_dx = reference(x, t, reduction="none", label_smoothing=0.1, grad_out=go)  # before: in place overwrites x
+    loss = F.cross_entropy(logits, t, reduction="none", label_smoothing=0.1, inplace_backward=inplace)
+    loss.backward(go)
+    assert rel_err(loss, ref_loss) <= 1e-2 and rel_err(x.grad, ref_dx) <= 1e-2
+    assert rel_err(loss[-2:], ref_loss[-2:]) <= 1e-2 and rel_err(x.grad[-2:], ref_dx[-2:]) <= 1e-2

@@ -16,7 +16,7 @@ import liger_portable
 from liger_portable import fallback
 from liger_portable import functional as F
 
-from conftest import TOL, rel_err
+from conftest import TOL, beyond_int32_rows, rel_err
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 MODES = [("llama", 0.0), ("gemma", 1.0)]
@@ -496,3 +496,21 @@ def test_kernel_interpreter_one_source_fp16_and_strided_ds(poison, single_pass):
     assert torch.equal(dsum, dsum_c) and torch.equal(dw, dw_c)
     _, _, rdx, _, rdw = _reference(x, r, w, dy, ds, 1e-6, 0.0, "llama")
     assert rel_err(dsum, rdx) <= TOL[torch.float16] and rel_err(dw, rdw) <= TOL[torch.float16]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+@pytest.mark.parametrize("n", [48, 20000], ids=["registers", "looped"])
+def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison, n):
+    """Rows of x, the residual and both upstream gradients that start beyond 2**31 elements (see
+    beyond_int32_rows): y, s and every gradient right in every row (int64 row offsets)."""
+    rows = 9
+    x = beyond_int32_rows(rows, n, scale=2.0, shift=0.3).requires_grad_()
+    r = beyond_int32_rows(rows, n, seed=1, scale=3.0, shift=-0.2).requires_grad_()
+    dy, ds = beyond_int32_rows(rows, n, seed=2), beyond_int32_rows(rows, n, seed=3)
+    w = (torch.rand(n) + 0.5).to(torch.bfloat16).requires_grad_()
+    y, s = F.fused_add_rms_norm(x, r, w)
+    torch.autograd.backward([y, s], [dy, ds])
+    ry, rs, rdx, rdr, rdw = _reference(x, r, w, dy, ds, 1e-6, 0.0, "llama")
+    _check({"y": y, "s": s, "dx": x.grad, "dr": r.grad, "dw": w.grad, "y tail": y[-2:], "dx tail": x.grad[-2:]},
+           {"y": ry, "s": rs, "dx": rdx, "dr": rdr, "dw": rdw, "y tail": ry[-2:], "dx tail": rdx[-2:]}, 1e-2)

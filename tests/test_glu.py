@@ -20,7 +20,7 @@ from liger_portable import fallback
 from liger_portable import functional as F
 from liger_portable import nn as lnn
 
-from conftest import SIMULATED_DEVICES, TOL, rel_err
+from conftest import SIMULATED_DEVICES, TOL, beyond_int32_rows, rel_err
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ACTS = ["swiglu", "geglu"]
@@ -734,3 +734,20 @@ def test_compile_fullgraph_gpu(act):
     c = fn(a, b, inplace_backward=True)
     c.backward(dc)
     _assert_close(act, (c, a.grad, b.grad), ref, torch.bfloat16)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+@pytest.mark.parametrize("act", ACTS)
+def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison, act):
+    """Rows of a, b and the upstream gradient that start beyond 2**31 elements (see beyond_int32_rows):
+    c, da and db right in every row (int64 row offsets)."""
+    rows, n = 9, 40
+    a = beyond_int32_rows(rows, n, scale=2.0, shift=0.1).requires_grad_()
+    b = beyond_int32_rows(rows, n, seed=1, shift=0.1).requires_grad_()
+    dc = beyond_int32_rows(rows, n, seed=2)
+    c = getattr(F, act)(a, b)
+    c.backward(dc)
+    ref = _reference(act, a, b, dc)
+    _assert_close(act, (c, a.grad, b.grad), ref, torch.bfloat16)
+    _assert_close(act, (c[-2:], a.grad[-2:], b.grad[-2:]), [t[-2:] for t in ref], torch.bfloat16)

@@ -17,7 +17,7 @@ from liger_portable import fallback
 from liger_portable import functional as F
 from liger_portable import nn as lnn
 
-from conftest import TOL, rel_err
+from conftest import TOL, beyond_int32_rows, rel_err
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EPS = 1e-5
@@ -580,3 +580,21 @@ def test_kernel_interpreter_nan_row_stays_in_its_row(poison, n_cols):
     assert torch.isnan(y[101]).all() and torch.isnan(xl.grad[101]).all()
     ry, rdx, _, _ = _reference(x[ok], w, b, dy[ok], EPS)
     assert rel_err(y[ok], ry) <= 1e-5 and rel_err(xl.grad[ok], rdx) <= 1e-5
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+@pytest.mark.parametrize("n", [48, 20000], ids=["registers", "looped"])
+def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison, n):
+    """Rows of x and dy that start beyond 2**31 elements (see beyond_int32_rows): y, dx, dw and db right
+    in every row, so the kernels' row offsets are int64."""
+    rows = 9
+    x = beyond_int32_rows(rows, n, scale=2.0, shift=0.3).requires_grad_()
+    dy = beyond_int32_rows(rows, n, seed=1)
+    w = (torch.rand(n) + 0.5).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(n).to(torch.bfloat16).requires_grad_()
+    y = F.layer_norm(x, w, b, EPS)
+    y.backward(dy)
+    _check(y, x, w, b, dy, EPS, 1e-2)
+    ry, rdx, _, _ = _reference(x, w, b, dy, EPS)
+    assert rel_err(y[-2:], ry[-2:]) <= 1e-2 and rel_err(x.grad[-2:], rdx[-2:]) <= 1e-2

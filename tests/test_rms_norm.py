@@ -14,7 +14,7 @@ from liger_portable import fallback
 from liger_portable import functional as F
 from liger_portable import nn as lnn
 
-from conftest import TOL, rel_err
+from conftest import TOL, beyond_int32_rows, rel_err
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 MODES = [("llama", 0.0), ("gemma", 1.0)]
@@ -429,3 +429,22 @@ def test_kernel_interpreter_cast_order_and_row_blocks(poison, partial_sums, sing
     assert dw.dtype == torch.float32 and rel_err(dw, (dy.double() * xhat.double()).sum(0)) <= 1e-5
     _, rdx, _ = _reference(x, w, dy, eps, offset, mode)
     assert rel_err(dx, rdx) <= TOL[torch.float16]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+@pytest.mark.parametrize("n", [48, 20000], ids=["registers", "looped"])
+def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison, n):
+    """Rows of x and dy that start beyond 2**31 elements (a large row stride; see beyond_int32_rows):
+    every row of y, dx and dw right, so the kernels' row offsets are int64 (a CPU check of what
+    test_kernel_gpu_beyond_int32_offsets checks on a GPU with 4 GiB)."""
+    rows = 9
+    x = beyond_int32_rows(rows, n, scale=2.0, shift=0.3).requires_grad_()
+    dy = beyond_int32_rows(rows, n, seed=1)
+    w = (torch.rand(n) + 0.5).to(torch.bfloat16).requires_grad_()
+    y = F.rms_norm(x, w)
+    y.backward(dy)
+    ry, rdx, rdw = _reference(x, w, dy, 1e-6, 0.0, "llama")
+    for name, out, ref in (("y", y, ry), ("dx", x.grad, rdx), ("dw", w.grad, rdw)):
+        assert rel_err(out, ref) <= 1e-2, (name, rel_err(out, ref))
+    assert rel_err(y[-2:], ry[-2:]) <= 1e-2 and rel_err(x.grad[-2:], rdx[-2:]) <= 1e-2

@@ -17,7 +17,7 @@ import liger_portable
 from liger_portable import fallback
 from liger_portable import functional as F
 
-from conftest import TOL, rel_err
+from conftest import TOL, beyond_int32_rows, rel_err
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -562,3 +562,27 @@ def test_out_like_keeps_memory_order_with_a_unit_last_stride():
         assert out.shape == x.shape and out.stride(-1) == 1 and dense_in_order(out, x), (x.stride(), out.stride())
     strided_last = torch.randn(2, 4, 7, 16)[..., ::2]
     assert out_like(strided_last).is_contiguous()
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison):
+    """q and k in Hugging Face's layout whose last positions start beyond 2**31 elements (a large
+    sequence stride; see beyond_int32_rows): every position of the outputs and of q's and k's
+    gradients right (int64 offsets)."""
+    seq, heads, kv_heads, d = 9, 2, 1, 64
+    qb = beyond_int32_rows(seq, heads * d).view(1, seq, heads, d).requires_grad_()
+    kb = beyond_int32_rows(seq, kv_heads * d, seed=1).view(1, seq, kv_heads, d).requires_grad_()
+    g = torch.Generator().manual_seed(2)
+    cos, sin = (torch.rand(1, seq, d, generator=g) * 2 - 1).to(torch.bfloat16), (torch.rand(1, seq, d, generator=g) * 2 - 1).to(torch.bfloat16)
+    dq = beyond_int32_rows(seq, heads * d, seed=3).view(1, seq, heads, d).transpose(1, 2)
+    dk = beyond_int32_rows(seq, kv_heads * d, seed=4).view(1, seq, kv_heads, d).transpose(1, 2)
+    assert qb.stride(1) * (seq - 2) >= 2**31
+    oq, ok = F.rope(qb.transpose(1, 2), kb.transpose(1, 2), cos, sin)
+    torch.autograd.backward([oq, ok], [dq, dk])
+    qd, kd = (t.detach().double().requires_grad_() for t in (qb, kb))
+    rq, rk = fallback.rope(qd.transpose(1, 2), kd.transpose(1, 2), cos.double(), sin.double())
+    torch.autograd.backward([rq, rk], [dq.double(), dk.double()])
+    for name, out, ref in (("q", oq, rq), ("k", ok, rk), ("dq", qb.grad, qd.grad), ("dk", kb.grad, kd.grad)):
+        assert rel_err(out, ref) <= 1e-2, (name, rel_err(out, ref))
+    assert rel_err(oq[:, :, -2:], rq[:, :, -2:]) <= 1e-2 and rel_err(qb.grad[:, -2:], qd.grad[:, -2:]) <= 1e-2
