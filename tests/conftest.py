@@ -263,9 +263,22 @@ def beyond_int32_rows(rows: int, n: int, dtype=torch.bfloat16, seed: int = 0, sc
     int32 row offset wraps): rows far apart (a row stride of about 2**31 / (rows - 2) elements, a
     multiple of 64) in a buffer that is allocated but written only at the rows, so its untouched pages
     take no memory and the Triton interpreter checks a kernel's int64 offsets on the CPU with a few
-    MiB. A leaf (it can require grad; its gradient is then contiguous)."""
+    MiB. The buffer maps a sparse temporary file (shared): unlike an anonymous allocation of 4 GiB or
+    more, it counts against no overcommit limit, so the test runs on a machine with less memory than
+    that. A leaf (it can require grad; its gradient is then contiguous)."""
+    import tempfile
+
     stride = max(n, -(-(2**31) // ((rows - 2) * 64)) * 64)
-    base = torch.empty((rows - 1) * stride + n, dtype=dtype)
+    folder = tempfile.mkdtemp(prefix="liger_portable_beyond_int32_")
+    path = os.path.join(folder, "buffer")
+    try:
+        base = torch.from_file(path, shared=True, size=(rows - 1) * stride + n, dtype=dtype)
+    finally:  # the mapping outlives the file's name
+        try:
+            os.unlink(path)
+            os.rmdir(folder)
+        except OSError:
+            pass
     x = base.as_strided((rows, n), (stride, 1))
     g = torch.Generator().manual_seed(seed)
     x.copy_(torch.randn(rows, n, generator=g) * scale + shift)
