@@ -598,3 +598,31 @@ def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison, n):
     _check(y, x, w, b, dy, EPS, 1e-2)
     ry, rdx, _, _ = _reference(x, w, b, dy, EPS)
     assert rel_err(y[-2:], ry[-2:]) <= 1e-2 and rel_err(x.grad[-2:], rdx[-2:]) <= 1e-2
+
+
+def _check_eps_case(n):
+    """x with a variance smaller than eps (1e-6 against 1e-5) against the float64 formula written out
+    (not the fallback): eps dropped, or outside the root, is far off (the default inputs hide it)."""
+    g = torch.Generator().manual_seed(5)
+    x, dy = torch.randn(5, n, generator=g) * 1e-3 + 0.01, torch.randn(5, n, generator=g)
+    w, b = torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g)
+    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+    xc = xd - xd.mean(-1, keepdim=True)
+    ref = xc / torch.sqrt(xc.pow(2).mean(-1, keepdim=True) + EPS) * wd + bd
+    ref.backward(dy.double())
+    x, w, b = (t.requires_grad_() for t in (x, w, b))
+    y = F.layer_norm(x, w, b, EPS)
+    y.backward(dy)
+    for name, out, r in zip(("y", "dx", "dw", "db"), (y, x.grad, w.grad, b.grad), (ref, xd.grad, wd.grad, bd.grad)):
+        assert rel_err(out, r) <= 1e-5, (name, rel_err(out, r))
+
+
+def test_fallback_eps_where_it_matters():
+    _check_eps_case(300)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+@pytest.mark.parametrize("n", [300, 20000], ids=["registers", "looped"])
+def test_kernel_interpreter_eps_where_it_matters(simulated_device, poison, n):
+    _check_eps_case(n)

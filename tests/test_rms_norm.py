@@ -448,3 +448,36 @@ def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison, n):
     for name, out, ref in (("y", y, ry), ("dx", x.grad, rdx), ("dw", w.grad, rdw)):
         assert rel_err(out, ref) <= 1e-2, (name, rel_err(out, ref))
     assert rel_err(y[-2:], ry[-2:]) <= 1e-2 and rel_err(x.grad[-2:], rdx[-2:]) <= 1e-2
+
+
+def _eps_case_rms(n):
+    """x with a mean square of eps's size (1e-6), and the float64 formula written out (not the fallback)."""
+    g = torch.Generator().manual_seed(5)
+    x, dy = torch.randn(5, n, generator=g) * 1e-3, torch.randn(5, n, generator=g)
+    w = torch.rand(n, generator=g) + 0.5
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    y = xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * wd
+    y.backward(dy.double())
+    return (x, w, dy), (y.detach(), xd.grad, wd.grad)
+
+
+def _check_eps_case(n):
+    (x, w, dy), ref = _eps_case_rms(n)
+    x, w = x.requires_grad_(), w.requires_grad_()
+    y = F.rms_norm(x, w, 1e-6)
+    y.backward(dy)
+    for name, out, r in zip(("y", "dx", "dw"), (y, x.grad, w.grad), ref):
+        assert rel_err(out, r) <= 1e-5, (name, rel_err(out, r))
+
+
+def test_fallback_eps_where_it_matters():
+    """Where eps is the size of the mean square, y and the gradients follow x / sqrt(mean(x^2) + eps)
+    (eps outside the root, or dropped, is far off; the default inputs hide it)."""
+    _check_eps_case(300)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+@pytest.mark.parametrize("n", [300, 20000], ids=["registers", "looped"])
+def test_kernel_interpreter_eps_where_it_matters(simulated_device, poison, n):
+    _check_eps_case(n)
