@@ -566,18 +566,22 @@ def test_out_like_keeps_memory_order_with_a_unit_last_stride():
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
-def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison):
-    """q and k in Hugging Face's layout whose last positions start beyond 2**31 elements (a large
-    sequence stride; see beyond_int32_rows): every position of the outputs and of q's and k's
-    gradients right (int64 offsets)."""
-    seq, heads, kv_heads, d = 9, 2, 1, 64
-    qb = beyond_int32_rows(seq, heads * d).view(1, seq, heads, d).requires_grad_()
-    kb = beyond_int32_rows(seq, kv_heads * d, seed=1).view(1, seq, kv_heads, d).requires_grad_()
+@pytest.mark.parametrize("far", ["positions", "batches"])
+def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison, far):
+    """q and k in Hugging Face's layout whose last positions (or batches) start beyond 2**31 elements
+    (a large sequence or batch stride; see beyond_int32_rows): every position of the outputs and of
+    q's and k's gradients right (int64 offsets)."""
+    heads, kv_heads, d = 2, 1, 64
+    batch, seq = (1, 9) if far == "positions" else (4, 3)
+
+    def hf_layout(h, seed):  # (batch, seq, h, d), far apart along seq or batch
+        rows, n = (seq, h * d) if far == "positions" else (batch, seq * h * d)
+        return beyond_int32_rows(rows, n, seed=seed).view(batch, seq, h, d)
+
+    qb, kb = hf_layout(heads, 0).requires_grad_(), hf_layout(kv_heads, 1).requires_grad_()
     g = torch.Generator().manual_seed(2)
-    cos, sin = (torch.rand(1, seq, d, generator=g) * 2 - 1).to(torch.bfloat16), (torch.rand(1, seq, d, generator=g) * 2 - 1).to(torch.bfloat16)
-    dq = beyond_int32_rows(seq, heads * d, seed=3).view(1, seq, heads, d).transpose(1, 2)
-    dk = beyond_int32_rows(seq, kv_heads * d, seed=4).view(1, seq, kv_heads, d).transpose(1, 2)
-    assert qb.stride(1) * (seq - 2) >= 2**31
+    cos, sin = ((torch.rand(1, seq, d, generator=g) * 2 - 1).to(torch.bfloat16) for _ in range(2))
+    dq, dk = hf_layout(heads, 3).transpose(1, 2), hf_layout(kv_heads, 4).transpose(1, 2)
     oq, ok = F.rope(qb.transpose(1, 2), kb.transpose(1, 2), cos, sin)
     torch.autograd.backward([oq, ok], [dq, dk])
     qd, kd = (t.detach().double().requires_grad_() for t in (qb, kb))
@@ -585,4 +589,5 @@ def test_kernel_interpreter_beyond_int32_offsets(simulated_device, poison):
     torch.autograd.backward([rq, rk], [dq.double(), dk.double()])
     for name, out, ref in (("q", oq, rq), ("k", ok, rk), ("dq", qb.grad, qd.grad), ("dk", kb.grad, kd.grad)):
         assert rel_err(out, ref) <= 1e-2, (name, rel_err(out, ref))
-    assert rel_err(oq[:, :, -2:], rq[:, :, -2:]) <= 1e-2 and rel_err(qb.grad[:, -2:], qd.grad[:, -2:]) <= 1e-2
+    last = (slice(None), slice(None), slice(-2, None)) if far == "positions" else (slice(-2, None),)
+    assert rel_err(oq[last], rq[last]) <= 1e-2 and rel_err(ok[last], rk[last]) <= 1e-2
