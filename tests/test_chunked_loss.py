@@ -176,17 +176,23 @@ def test_matches_reference(kind, opts, bias, dtype):
 def test_dpo_loss_types(loss_type):
     ls = {"exo_pair": 1e-3, "robust": 0.2}.get(loss_type, 0.0)
     h, w, b, t, rh, rw = _inputs(seed=3)
-    _compare("dpo", h, w, b, t, {"loss_type": loss_type, "label_smoothing": ls, "beta": 0.5}, torch.float32, ref=(rh, rw))
+    opts = {"loss_type": loss_type, "label_smoothing": ls, "beta": 0.5}
+    if loss_type == "discopop":
+        opts["discopop_tau"] = 0.2  # not the default (0.05): a tau ignored shows
+    _compare("dpo", h, w, b, t, opts, torch.float32, ref=(rh, rw))
 
 
 @pytest.mark.parametrize("reduction", ["sum", "none"])
 @pytest.mark.parametrize("kind", sorted(FUNCTIONS))
 def test_reductions(kind, reduction):
+    """Each reduction against float64, with an NLL term weighted by alpha != 1 (ORPO has no alpha);
+    "none" sums to "sum"."""
     h, w, b, t, rh, rw = _inputs(seed=5, empty=kind != "orpo")
-    opts = {"reduction": reduction, "compute_nll_loss": True}
+    alpha = {} if kind == "orpo" else {"alpha": 0.5}
+    opts = {"reduction": reduction, "compute_nll_loss": True, **alpha}
     _compare(kind, h, w, b, t, opts, torch.float32, ref=(rh, rw) if kind == "dpo" else None)
     loss_none = FUNCTIONS[kind](h, w, t, b, **opts, **({"use_ref_model": False} if kind == "dpo" else {}))[0]
-    loss_sum = FUNCTIONS[kind](h, w, t, b, compute_nll_loss=True, reduction="sum",
+    loss_sum = FUNCTIONS[kind](h, w, t, b, compute_nll_loss=True, **alpha, reduction="sum",
                                **({"use_ref_model": False} if kind == "dpo" else {}))[0]
     if reduction == "none":
         assert loss_none.shape == (h.shape[0] // 2,)
@@ -559,7 +565,7 @@ def test_grpo_matches_reference(loss_type, level, dtype, device="cpu"):
     want = {
         "grpo": lambda: ((per * m).sum(-1) / m.sum(-1)).mean(),
         "bnpo": lambda: (per * m).sum() / m.sum(),
-        "dr_grpo": lambda: (per * m).sum() / (B * T),
+        "dr_grpo": lambda: (per * m).sum() / (B * 2 * T),  # max_completion_length 2T: not the padded length
         "dapo": lambda: (per * m).sum() / m.sum(),
     }[loss_type]()
     want.backward()
@@ -568,7 +574,7 @@ def test_grpo_matches_reference(loss_type, level, dtype, device="cpu"):
     assert 0 < want_aux[1] < 1  # the inputs exercise the clipping
     hl, wl, bl = _leaves_on(device, h, w, b)
     module = lnn.LigerFusedLinearGRPOLoss(beta=beta, epsilon_low=lo, epsilon_high=hi, loss_type=loss_type,
-                                          max_completion_length=T, importance_sampling_level=level, temperature=tau)
+                                          max_completion_length=2 * T, importance_sampling_level=level, temperature=tau)
     loss, aux = module(hl, wl, *_on(device, ids, mask, adv), bl, *_on(device, ref, old))
     loss.backward()
     hd.grad, bd.grad = hd.grad / tau, bd.grad / tau  # d/dh = d/d(h / tau) / tau
@@ -898,3 +904,25 @@ def test_distillation_gpu(dtype):
         assert rel_err(got, exp) <= tol, (got, exp)
     for got, exp in zip((hl, wl, bl), want[3]):
         assert got.grad.dtype == dtype and rel_err(got.grad, exp.grad) <= tol
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "cispo", "vespo"])
+def test_grpo_token_count_normaliser(loss_type, monkeypatch):
+    """The losses summed over tokens divide by ``num_items_in_batch`` when given (the whole generation
+    batch's count, TRL's), else by this batch's tokens summed over the processes; either divided by the
+    process count (simulated here: two processes with the same batch)."""
+    h, w, b, ids, mask, adv, old, ref = _grpo_inputs(torch.float32)
+    count = float(mask.sum())
+
+    def loss(**kw):
+        return C.fused_linear_grpo_loss(h, w, ids, mask, adv, b, ref_per_token_logps=ref, old_per_token_logps=old,
+                                        loss_type=loss_type, **kw)[0]
+
+    local = loss()
+    assert rel_err(loss(num_items_in_batch=100), local * count / 100) <= 1e-6
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda t, *a, **k: t.mul_(2))  # two equal batches
+    assert rel_err(loss(), local) <= 1e-6  # (2 x count) / 2 processes
+    assert rel_err(loss(num_items_in_batch=100), local * count / 50) <= 1e-6  # 100 / 2 processes
