@@ -926,3 +926,22 @@ def test_grpo_token_count_normaliser(loss_type, monkeypatch):
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda t, *a, **k: t.mul_(2))  # two equal batches
     assert rel_err(loss(), local) <= 1e-6  # (2 x count) / 2 processes
     assert rel_err(loss(num_items_in_batch=100), local * count / 50) <= 1e-6  # 100 / 2 processes
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_grpo_on_policy_is_old_logps_of_the_current_policy(loss_type):
+    """On-policy (``old_per_token_logps`` None) is the same as passing the current policy's log-probabilities,
+    detached, as the old ones: the ratio is 1 but its gradient, the policy gradient, is not zero."""
+    h, w, b, ids, mask, adv, _, ref = _grpo_inputs(torch.float32)
+    with torch.no_grad():
+        current = torch.log_softmax((h.double() @ w.double().T + b.double()), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    out = []
+    for old in (None, current.float()):
+        hl, wl, bl = (t.clone().requires_grad_() for t in (h, w, b))
+        loss = C.fused_linear_grpo_loss(hl, wl, ids, mask, adv, bl, ref_per_token_logps=ref, old_per_token_logps=old,
+                                        loss_type=loss_type)[0]
+        loss.backward()
+        out.append((loss.detach(), hl.grad, wl.grad, bl.grad))
+    for name, a, b_ in zip(("loss", "dh", "dw", "db"), *out):
+        assert rel_err(a, b_) <= 1e-5, (name, rel_err(a, b_))
+    assert out[0][1].abs().max() > 0
