@@ -694,6 +694,13 @@ def test_grpo_reference_model_and_no_kl():
     by_model = C.fused_linear_grpo_loss(h, w, ids, mask, adv, ref_input=rh, ref_weight=rw, old_per_token_logps=old)
     by_logps = C.fused_linear_grpo_loss(h, w, ids, mask, adv, ref_per_token_logps=ref, old_per_token_logps=old)
     assert rel_err(by_model[0], by_logps[0]) <= 1e-6 and rel_err(by_model[1][0], by_logps[1][0]) <= 1e-6
+    # the temperature divides the reference's logits too (its hidden, in its dtype, as the policy's)
+    ref_t = -TF.cross_entropy(((rh / 0.7) @ rw.T).transpose(1, 2), ids, reduction="none")
+    by_model = C.fused_linear_grpo_loss(h, w, ids, mask, adv, ref_input=rh, ref_weight=rw, old_per_token_logps=old,
+                                        temperature=0.7)
+    by_logps = C.fused_linear_grpo_loss(h, w, ids, mask, adv, ref_per_token_logps=ref_t, old_per_token_logps=old,
+                                        temperature=0.7)
+    assert rel_err(by_model[0], by_logps[0]) <= 1e-6 and rel_err(by_model[1][0], by_logps[1][0]) <= 1e-6
     no_kl = C.fused_linear_grpo_loss(h, w, ids, mask, adv, beta=0.0, old_per_token_logps=old, delta=1.05)
     assert len(no_kl[1]) == 1
     with pytest.raises(ValueError, match="ref_per_token_logps"):
