@@ -20,6 +20,8 @@
 #   scripts/distributed_check.py, the run-time autotune agreement and the warmup under torchrun over
 #   NPROC (default 2) GPUs; BENCH_ARGS for every bench, BENCH_ARGS_<name> for one, BENCH_TIMEOUT
 #   (default 900 s a bench); LOG_DIR (without OUT; default a new folder under /tmp).
+#   LIGER_PORTABLE_COMMIT: the commit the records name as the package's version (default: the checkout's
+#   git HEAD; set it where the working tree was copied to this machine without its current .git).
 #   ALLOW_CPU=1 runs the session where `liger-portable info` finds no GPU (the PyTorch fallback: a test
 #   of this script, not a measurement); it needs OUT, so that CPU figures never reach the committed log.
 # Wheels in .whl/ (peers such as liger-kernel, for a machine without a package index) are installed

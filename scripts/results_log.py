@@ -108,7 +108,9 @@ def versions() -> dict:
     if "torch" in sys.modules:  # the running build's own string (a local build has no metadata)
         out["torch"] = sys.modules["torch"].__version__
     out["python"] = ".".join(map(str, sys.version_info[:3]))
-    commit = _git_commit()
+    # LIGER_PORTABLE_COMMIT names the code measured where the checkout's git metadata is not its own
+    # (a copy of a working tree sent to a GPU machine, whose .git may be older than the files).
+    commit = os.environ.get("LIGER_PORTABLE_COMMIT") or _git_commit()
     if commit is None:
         try:
             commit = version("liger-portable")

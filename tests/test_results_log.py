@@ -263,3 +263,12 @@ def test_records_take_the_device_from_the_output():
     for r in rl.from_output("demo", json.dumps({**DEMO, "device": "cpu", "device_name": "cpu"}), ENV):
         assert r["device"] == "cpu"
     assert rl.from_output("demo", json.dumps(DEMO), ENV)[0]["device"] == "NVIDIA H200"  # names none: ENV's
+
+
+def test_versions_name_the_commit_given_over_the_checkouts(monkeypatch):
+    # A working tree copied to a GPU machine can carry an older .git: the sender names the commit.
+    monkeypatch.setenv("LIGER_PORTABLE_COMMIT", "feed123")
+    assert rl.versions()["liger_portable"] == "feed123"
+    monkeypatch.setenv("LIGER_PORTABLE_COMMIT", "")
+    monkeypatch.setattr(rl, "_git_commit", lambda: "abc1234+dirty")
+    assert rl.versions()["liger_portable"] == "abc1234+dirty"
