@@ -670,6 +670,37 @@ def test_grpo_luspo_is_trls_mean(level, beta, device="cpu"):
         assert rel_err(got.grad, ref_leaf.grad) <= 1e-5
 
 
+def test_grpo_delta_clamps_the_unclipped_ratio():
+    """INTELLECT-2's ``delta`` against the loss written out in float64: the unclipped ratio is
+    clamped at delta, so a negative-advantage sequence whose ratio exceeds delta contributes
+    ``-delta * A`` with no gradient (one below it keeps ``-ratio * A``), and a positive-advantage one
+    stays clipped at 1 + epsilon_high."""
+    h, w, b, ids, mask, adv, old, _ = _grpo_inputs(torch.float32)
+    lo, hi, delta = 0.2, 0.28, 1.5
+    hd, wd, bd = _leaves(h, w, b)
+    logp = torch.log_softmax(hd @ wd.T + bd, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    # ratios 1.82 (above delta: clamped where A < 0), 1.42 (between 1 + hi and delta), 0.95, 0.61
+    offsets = torch.tensor([0.6, 0.6, -0.05, 0.35, -0.5], dtype=torch.float64)[:, None]
+    adv = torch.tensor([1.0, -0.7, 0.4, -1.2, 0.8])
+    old = (logp.detach() - offsets).float()
+    m = mask.double()
+    ratio, a = torch.exp(logp - old.double()), adv.double().unsqueeze(1)
+    per = -torch.min(ratio.clamp(max=delta) * a, ratio.clamp(1 - lo, 1 + hi) * a)
+    want = ((per * m).sum(-1) / m.sum(-1).clamp(min=1.0)).sum() / ids.shape[0]
+    want.backward()
+    hl, wl, bl = _leaves_on("cpu", h, w, b)
+    loss, _ = C.fused_linear_grpo_loss(hl, wl, ids, mask, adv, bl, beta=0.0, epsilon_low=lo, epsilon_high=hi,
+                                       loss_type="grpo", old_per_token_logps=old, delta=delta)
+    loss.backward()
+    assert rel_err(loss, want) <= 1e-5, (loss.item(), want.item())
+    for got, ref_leaf in ((hl, hd), (wl, wd), (bl, bd)):
+        assert rel_err(got.grad, ref_leaf.grad) <= 1e-5
+    # delta mattered: without it the clamped sequence weighs -ratio * A (a larger loss)
+    free, _ = C.fused_linear_grpo_loss(h, w, ids, mask, adv, b, beta=0.0, epsilon_low=lo, epsilon_high=hi,
+                                       loss_type="grpo", old_per_token_logps=old)
+    assert free.item() > loss.item() + 1e-3
+
+
 def test_grpo_sampler_ratio_per_sequence_shapes():
     """The sampler's importance ratio per sequence may come as (B, 1) or (B,) (liger-kernel takes
     both): the same loss; another shape is refused, naming the argument."""
