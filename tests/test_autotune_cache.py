@@ -320,6 +320,22 @@ def test_unwritable_location_simulated_degrades_to_memory(monkeypatch):
     assert not user_file().exists() and not list(user_file().parent.glob("*.tmp"))
 
 
+def test_entry_kept_in_memory_is_a_usable_entry(monkeypatch):
+    """An entry an unwritable cache keeps in memory is this process's user-cache entry for
+    usable_entry too (lookup_entry reads the in-memory entries first), with its times: the warmup
+    then counts it as cached instead of tuning it again, as resolve already uses it."""
+    def deny(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(autotune_cache.os, "replace", deny)
+    with pytest.warns(RuntimeWarning, match="cannot write the autotune cache"):
+        autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    assert autotune_cache.in_memory_only(H200) and not user_file().exists()
+    entry = configs.usable_entry(SPEC, H200, NAMED, torch.bfloat16)
+    assert entry is not None and entry["config"] == CFG
+    assert (entry["time_ms"], entry["default_ms"]) == (0.05, 0.06)
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root ignores file permissions")
 def test_read_only_directory_degrades_to_memory():
     d = user_file().parent
@@ -417,6 +433,22 @@ def test_triton_version_is_part_of_the_key(monkeypatch):
     assert list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
 
 
+def test_key_holds_tritons_major_minor_only(monkeypatch):
+    """The key holds Triton's major.minor of the installed version: a patch release or a local
+    build of the same minor (3.4.1, 3.4.0+git...) keeps the tuned entries, the next minor drops
+    them. (The test above replaces triton_major_minor itself, so it cannot see how the version
+    string is cut.)"""
+    p = hardware.platform()
+    monkeypatch.setattr(p, "triton_version", "3.4.0")
+    key = autotune_cache.record(SPEC, H200, NAMED, torch.bfloat16, CFG, 0.05, 0.06)
+    assert key.split("|")[2] == "triton3.4"
+    for same in ("3.4.1", "3.4.0+git1234abcd"):
+        monkeypatch.setattr(p, "triton_version", same)
+        assert [c for c, _ in autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)] == [CFG], same
+    monkeypatch.setattr(p, "triton_version", "3.5.0")
+    assert list(autotune_cache.lookup(SPEC, H200, NAMED, torch.bfloat16)) == []
+
+
 def test_problem_bucketing():
     autotune_cache.record(SPEC, H200, {"n_cols": 4096, "n_rows": 1000}, torch.bfloat16, CFG, 0.05, 0.06)
     assert list(autotune_cache.lookup(SPEC, H200, {"n_cols": 4096, "n_rows": 1024}, torch.bfloat16))
@@ -483,10 +515,11 @@ def test_tuner_picks_fastest_legal_config_and_records_it():
     assert r.source.startswith("user cache") and r.config.to_dict() == res.config
 
 
-@pytest.mark.parametrize("best_ratio", [1.5, 1.0, 0.99])
+@pytest.mark.parametrize("best_ratio", [1.5, 1.0, 0.99, 1.0 - search.NOISE])
 def test_tuner_never_picks_slower_or_within_noise(best_ratio):
     default = default_of(H200)
-    # every searched config is slower, equal, or only 1% faster: the table default is kept
+    # every searched config is slower, equal, only 1% faster, or exactly the noise margin (2%)
+    # faster (a config must beat the default by more than the margin): the table default is kept
     run = fake_run({(default["num_warps"], default["BLOCK_M"]): 1.0}, fallback=best_ratio)
     res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
     assert res.source == "table default" and res.config == default and res.time_ms == res.default_ms == 1.0
@@ -498,6 +531,33 @@ def test_tuner_beyond_noise_wins():
     run = fake_run({(default["num_warps"], default["BLOCK_M"]): 1.0}, fallback=0.97)
     res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run)
     assert res.source == "search" and res.time_ms == 0.97
+
+
+def test_tuner_tie_goes_to_the_earlier_candidate():
+    """Two searched configs timed equal, both beyond noise: the one earlier in the search order
+    wins (a later equal time does not replace it), so a tie is decided the same way in every run."""
+    cands = search.candidates(KERNEL, H200, NAMED)
+    first, later = cands[1], cands[-2]
+    res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16,
+                      lambda r: 0.5 if r.config.to_dict() in (first, later) else 1.0, record=False)
+    assert res.source == "search" and res.time_ms == 0.5 and res.config == first
+
+
+def test_default_timed_again_after_a_parallel_compile_keeps_its_best_time(monkeypatch):
+    """After a parallel compile (the warmup's dedicated tuning) the table default is timed again
+    once the search is done and the better of its two times counts: a default that reads slower
+    the second time (clocks drifting) cannot make a searched config slower than its first time
+    look like a gain."""
+    monkeypatch.setattr(search, "precompile", lambda *a, **k: "parallel compile on 2 threads")
+    default = default_of(H200)
+    default_times = iter([1.0, 1.0, 1.3])  # the untimed wake-up, the timing, the timing after the search
+
+    def run(r):
+        return next(default_times) if r.config.to_dict() == default else 1.1
+
+    res = search.tune(KERNEL, H200, PROBLEM, torch.bfloat16, run, record=False, dedicated=True)
+    assert res.compile.startswith("parallel") and next(default_times, None) is None
+    assert res.source == "table default" and res.config == default and res.default_ms == res.time_ms == 1.0
 
 
 def test_tuner_skips_configs_that_raise():
@@ -730,6 +790,19 @@ def test_cached_tile_over_tritons_limit_is_ignored():
         r = resolve(KERNEL, H200, (32768, 64), torch.float32)
     assert r.source.startswith("table")
     assert configs.usable_entry(SPEC, H200, named, torch.float32) is None
+
+
+def test_cached_tile_at_tritons_limit_is_used():
+    """A tile of exactly Triton's limit (32 rows x 32768 columns = 2**20 values) compiles (Triton
+    refuses only more): the cached config is used, without a warning."""
+    named = {"n_cols": 32768, "n_rows": 64}
+    cfg = {"num_warps": 32, "num_stages": 1, "BLOCK_M": 32, "BLOCK_N_MAX": 32768}
+    autotune_cache.record(SPEC, H200, named, torch.float32, cfg, 0.01, 0.02)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = resolve(KERNEL, H200, (32768, 64), torch.float32)
+    assert r.source == "user cache NVIDIA_H200.json" and r.config.to_dict() == cfg
+    assert configs.usable_entry(SPEC, H200, named, torch.float32)["config"] == cfg
 
 
 def test_usable_entry_reads_bad_times_as_none():

@@ -105,6 +105,18 @@ def test_multimodal_config_reads_its_language_model(tmp_path):
     assert (m.hidden, m.glu, m.norms_per_layer, m.vocab) == (64, "geglu", 4, 300)
 
 
+def test_dedupe_keeps_the_largest_launch_count():
+    """Problems sharing a cache entry (same kernel, bucket and dtype) are listed once, as the first
+    of them, with the largest launch count among them, whichever came first; another dtype or
+    bucket stays a problem of its own."""
+    P = _warmup.Problem
+    few = P("rms_norm_fwd", (4096, 1000), torch.bfloat16, 3, "a")
+    many = P("rms_norm_fwd", (4096, 1024), torch.bfloat16, 65, "b")  # n_rows 1000 and 1024: one bucket
+    other = P("rms_norm_fwd", (4096, 1000), torch.float16, 1, "c")
+    assert _warmup.dedupe([few, other, many]) == [P("rms_norm_fwd", (4096, 1000), torch.bfloat16, 65, "a"), other]
+    assert _warmup.dedupe([many, few]) == [many]
+
+
 def test_missing_model_paths_say_what_is_missing(tmp_path):
     with pytest.raises(ValueError, match="has no config.json"):
         _warmup.model_shape(str(tmp_path))

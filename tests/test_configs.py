@@ -401,6 +401,22 @@ def test_arch_section_overriding_one_kernel_inherits_the_others():
         assert search_space(t, "sm80", kernel) == search_space(default, "sm86", kernel), kernel
 
 
+def test_rule_with_two_bounds_matches_only_when_both_hold():
+    """A rule's ``upto`` bounds must all hold for it to match (the format: "first rule whose upto
+    bounds all hold wins"). The shipped rules bound n_cols alone, so this sm80 rule bounds n_rows
+    too: a problem within one bound and over the other falls through to the default's rules."""
+    data = raw_table("cuda")
+    data["sections"]["sm80"]["kernels"]["rms_norm_fwd"] = {
+        "rules": [{"upto": {"n_cols": 512, "n_rows": 64}, "config": {"num_warps": 2, "BLOCK_M": 2, "BLOCK_N_MAX": 512},
+                   "why": "test"}]
+    }
+    t, shipped = parse(data, "cuda"), parse(raw_table("cuda"), "cuda")
+    assert table_config(t, "sm80", "rms_norm_fwd", {"n_cols": 512, "n_rows": 64})[1] == "table cuda.json [sm80] rule 0"
+    for problem in ({"n_cols": 513, "n_rows": 64}, {"n_cols": 512, "n_rows": 65}, {"n_cols": 513, "n_rows": 65}):
+        want = table_config(shipped, "sm86", "rms_norm_fwd", problem)  # sm86: the cuda default
+        assert table_config(t, "sm80", "rms_norm_fwd", problem) == want, problem
+
+
 def test_arch_entry_fields_override_one_by_one():
     data = raw_table("xpu")
     kernels = data["sections"]["xe-hpc"]["kernels"]
@@ -446,6 +462,22 @@ def test_section_base_is_merged_under_every_entry():
         for kernel, entry in t.sections[sname].kernels.items():
             assert all(r.config["num_stages"] == 2 for r in entry.rules), (sname, kernel)
     assert t.sections["default"].kernels["rope"].rules[0].config["HEADS"] == 1  # from base.json's rope base
+
+
+@pytest.mark.parametrize("backend, section, kernel, arch", [("rocm", "rdna", "rms_norm_bwd", "gfx1100"),
+                                                            ("cuda", "sm90", "rms_norm_fwd", "sm90")])
+def test_entry_base_wins_over_its_section_base(backend, section, kernel, arch):
+    """Within one section the kernel entry's ``base`` is more specific than the section's ``base``:
+    where both set a field, the entry's value is the one its rules get (rocm.json's rdna section
+    sets num_stages 2 for every entry; no shipped entry overrides a section base field, so the
+    order of the two is not visible in the shipped tables)."""
+    data = raw_table(backend)
+    sec = data["sections"][section]
+    sec["base"] = {**sec.get("base", {}), "num_stages": 2}
+    entry_of(sec["kernels"], kernel)["base"] = {"num_stages": 3}
+    t = parse(data, backend)
+    cfg, where = table_config(t, arch, kernel, {"n_cols": 256, "n_rows": 1000})
+    assert where.startswith(f"table {backend}.json [{section}] rule ") and cfg["num_stages"] == 3
 
 
 def test_inherits_base_skips_the_vendor_default():
@@ -1076,12 +1108,44 @@ def test_kpack_on_gfx950_is_1_only():
     check_config({"kpack": 1}, spec, "rocm", limits, "t", partial=True, arch="gfx950")
 
 
+def test_table_option_value_the_arch_cannot_compile_fails_resolve(tmp_path, monkeypatch):
+    """resolve checks the table's config against the device's arch, not only its limits: gfx950
+    compiles only kpack=1, so a rocm default giving kpack=2 (which gfx950 falls back to) makes
+    resolve raise a ConfigError naming the option and the arch instead of handing the launch a
+    config that fails to compile; gfx942 gets kpack=2. The shipped tables set no kpack, so the
+    table is written here."""
+    data = raw_table("rocm")
+    data["sections"]["default"]["base"] = {**data["sections"]["default"].get("base", {}), "kpack": 2}
+    folder = tmp_path / "backends"
+    folder.mkdir()
+    (folder / "rocm.json").write_text(json.dumps(data))
+    shutil.copy(_paths.backends_dir() / "base.json", folder / "base.json")
+    monkeypatch.setattr(_paths, "backends_dir", lambda: folder)
+    hardware.reset()
+    assert resolve("rms_norm_fwd", device("rocm-gfx942"), PROBLEM, torch.bfloat16).launch["kpack"] == 2
+    mi355 = device("rocm-gfx942", name="AMD Instinct MI355X", arch="gfx950", shared_mem_per_block=163840)
+    with pytest.raises(ConfigError, match=r"'kpack'.* on gfx950, got 2"):
+        resolve("rms_norm_fwd", mi355, PROBLEM, torch.bfloat16)
+
+
 def test_xpu_sub_group_size_counts_in_the_threads_limit():
     """num_warps counts sub-groups of the config's threads_per_warp where it sets one."""
     spec, limits = SPECS["rms_norm_fwd"], Limits(16, 1024, 65536)
     check_config({"num_warps": 64}, spec, "xpu", limits, "t", partial=True)  # 64 x 16
     with pytest.raises(ConfigError, match="2048 threads per block"):
         check_config({"num_warps": 64, "threads_per_warp": 32}, spec, "xpu", limits, "t", partial=True)
+
+
+def test_shared_memory_up_to_the_limit_is_legal():
+    """A config needing exactly the device's shared memory per block fits (the limit is what a
+    block may use); one byte less on the device and it does not."""
+    spec = SPECS["rms_norm_fwd"]
+    cfg = {"num_warps": 4, "num_stages": 1, "BLOCK_M": 4, "BLOCK_N_MAX": 1024}
+    smem = spec.smem_bytes(cfg, 4, 4)
+    assert smem > 0
+    check_config(cfg, spec, "cuda", Limits(32, 1024, smem), "t")
+    with pytest.raises(ConfigError, match="shared memory"):
+        check_config(cfg, spec, "cuda", Limits(32, 1024, smem - 1), "t")
 
 
 @pytest.mark.parametrize(

@@ -241,8 +241,8 @@ def test_cuda_build_ignores_gcn_arch_name(monkeypatch):
 @pytest.mark.parametrize(
     "make_props, arch, warp",
     [(_mi300x, "gfx942", 64), (_rdna3, "gfx1100", 32), (lambda: _gfx("gfx1300"), "gfx1300", 32),
-     (lambda: _gfx("gfx90a:sramecc+:xnack-"), "gfx90a", 64)],
-    ids=["cdna", "rdna", "gfx13", "gfx90a"],
+     (lambda: _gfx("gfx90a:sramecc+:xnack-"), "gfx90a", 64), (lambda: _gfx("gfx1030"), "gfx1030", 32)],
+    ids=["cdna", "rdna", "gfx13", "gfx90a", "gfx10"],
 )
 def test_rocm_warp_size_default_without_property(monkeypatch, make_props, arch, warp):
     """Without a warp_size property, the rule of Triton's AMD backend: gfx10 and later (RDNA and
@@ -307,6 +307,9 @@ def test_xpu_arch_from_the_device_id(monkeypatch):
     assert hardware.xpu_arch("Intel(R) Graphics", 0xE211) == "xe2"
     assert hardware.xpu_arch("Intel(R) Graphics", 0x0BDA) == "xe-hpc"
     assert hardware.xpu_arch("Intel(R) Graphics", 0x1234) == "xe-hpg"
+    # an id in the name is read only where the driver gives no device id: the device id wins
+    assert hardware.xpu_arch("Intel(R) Graphics [0x0bd5]", 0xE211) == "xe2"
+    assert hardware.xpu_arch("Intel(R) Graphics [0x0bd5]") == "xe-hpc"
 
     def b60():
         props = _b580()
