@@ -201,6 +201,29 @@ def test_patch_matches_hugging_face(family, calls):
     assert rel_err(logits, ref_logits) <= TOL
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma", "qwen3"])
+def test_norms_keep_the_models_epsilon(family):
+    """The swapped norms keep the epsilon of the model's (``config.rms_norm_eps``, here 1e-2 rather
+    than hf_tiny's 1e-6, which is also liger_portable's default): Llama's ``variance_epsilon``,
+    Gemma's ``eps``, Qwen-3's q/k norms too."""
+    config = tiny_config(family)
+    config.rms_norm_eps = 1e-2
+    config._attn_implementation = "eager"
+
+    def build():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(23)
+            return transformers.AutoModelForCausalLM.from_config(config).train()
+
+    ref, model = build(), lpt.patch(build())
+    data = batch(10)
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
+
+
 def test_patch_base_model_and_idempotence(calls):
     """A base model (no LM head) gets its norms, MLPs and RoPE patched; patching twice is harmless."""
     ref = tiny_model("llama", seed=1).model
@@ -255,19 +278,40 @@ class LoraHead(torch.nn.Module):
         return self.base_layer(x) + (x @ self.lora_a.T) @ self.lora_b.T
 
 
-@pytest.mark.parametrize("head", ["lora, before patch", "lora, after patch", "forward hook"])
+class ScaledHead(torch.nn.Linear):
+    """An ``nn.Linear`` subclass with a forward of its own (the output scaled by 1.5)."""
+
+    def forward(self, x):
+        return super().forward(x) * 1.5
+
+
+@pytest.mark.parametrize(
+    "head",
+    ["lora, before patch", "lora, after patch", "forward hook", "forward pre-hook", "global forward hook",
+     "linear subclass"],
+)
 def test_wrapped_or_hooked_lm_head_keeps_its_output(head, calls):
-    """The fused loss reads the LM head's weight, so it would leave out what a wrapper (LoRA) or a
-    hook adds: such a head is called as it is and the loss is the cross-entropy of its logits,
-    equal to Hugging Face's, with the adapter's gradients."""
+    """The fused loss reads the LM head's weight, so it would leave out what a wrapper (LoRA), a
+    subclass's own forward or a hook (on the head, or a global module hook) adds: such a head is
+    called as it is and the loss is the cross-entropy of its logits, equal to Hugging Face's, with
+    the adapter's gradients."""
     ref = tiny_model("llama", seed=15)
     model = tiny_model("llama", seed=15)
+    heads = []
 
     def wrap(m):
         if head.startswith("lora"):
             m.lm_head = LoraHead(m.lm_head)
-        else:
+        elif head == "forward hook":
             m.lm_head.register_forward_hook(lambda mod, args, out: out * 1.5)
+        elif head == "forward pre-hook":
+            m.lm_head.register_forward_pre_hook(lambda mod, args: (args[0] * 1.5,))
+        elif head == "global forward hook":
+            heads.append(m.lm_head)
+        else:
+            sub = ScaledHead(m.lm_head.in_features, m.lm_head.out_features, bias=False, device="meta")
+            sub.weight = m.lm_head.weight
+            m.lm_head = sub
 
     wrap(ref)
     if head != "lora, after patch":
@@ -276,7 +320,13 @@ def test_wrapped_or_hooked_lm_head_keeps_its_output(head, calls):
     if head == "lora, after patch":
         wrap(model)
     data = batch(2)
-    out, ref_out = model(**data), ref_call(ref, **data)
+    with contextlib.ExitStack() as stack:
+        if head == "global forward hook":  # every module's hook: it scales the outputs of the two LM heads
+            handle = torch.nn.modules.module.register_module_forward_hook(
+                lambda mod, args, out: out * 1.5 if any(mod is h for h in heads) else None
+            )
+            stack.callback(handle.remove)
+        out, ref_out = model(**data), ref_call(ref, **data)
     assert calls.get("fused_linear_cross_entropy", 0) == 0 and calls.get("cross_entropy", 0) == 1
     assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
     out.loss.backward()
@@ -309,6 +359,30 @@ def test_patch_inside_a_wrapper_that_proxies_the_config(calls):
     out, ref_out = wrapper(**data), ref_call(ref, **data)
     assert out.logits is None and calls.get("fused_linear_cross_entropy", 0) == 1
     assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+
+
+def test_subclass_of_the_causal_lm_gets_the_fused_loss(calls):
+    """A subclass of transformers' LlamaForCausalLM (a class of the user's that keeps its forward)
+    is a causal LM of the family: patch() gives it the fused loss (no logits), with Hugging Face's
+    loss and gradients, and no warning."""
+    import warnings
+
+    class MyCausalLM(transformers.LlamaForCausalLM):
+        pass
+
+    ref = tiny_model("llama", seed=25)
+    model = MyCausalLM(ref.config)
+    model.load_state_dict(ref.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lpt.patch(model.train())
+    data = batch(12)
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert out.logits is None and calls.get("fused_linear_cross_entropy", 0) == 1
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
 
 
 def test_classes_of_another_module_are_an_error(tmp_path):
@@ -385,6 +459,18 @@ def test_mixtral_experts_of_another_activation_keep_their_product(calls):
     assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
 
 
+def test_phi3_mlp_of_another_activation_is_refused():
+    """After apply_liger_kernel_to_phi3(), building a Phi-3 whose activation is not SiLU raises
+    (the fused gate/up MLP computes silu; the class-level patch cannot check the config earlier)
+    rather than compute another model than Hugging Face's."""
+    config = tiny_config("phi3")
+    config.hidden_act = "gelu"
+    cls = type(tiny_model("phi3"))
+    lpt.apply_liger_kernel_to_phi3()
+    with pytest.raises(ValueError, match="config.hidden_act is 'gelu' but Phi3SwiGLUMLP computes 'silu'"):
+        cls(config)
+
+
 @pytest.mark.parametrize("family", ["llama", "phi3", "gemma"])
 def test_patch_meta_device_model(family):
     """A model built on the meta device (how large models are built before their weights load) is
@@ -444,6 +530,27 @@ def test_eval_mode_with_labels(family):
     assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
 
 
+@pytest.mark.parametrize("softcap", [1.5, None])
+def test_final_logit_softcapping_of_the_config(softcap):
+    """Gemma-2's ``final_logit_softcapping`` is the config's value (another one than hf_tiny's 3.0,
+    or None: no softcap), in the fused loss (training) and on the built logits (eval)."""
+    ref = tiny_model("gemma2", seed=21)
+    model = lpt.patch(tiny_model("gemma2", seed=21))
+    for m in (ref, model):
+        m.config.final_logit_softcapping = softcap
+    data = batch(8)
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert out.logits is None
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
+    with torch.no_grad():
+        logits = model.eval()(**data).logits
+        ref_logits = ref_call(ref.eval(), **data).logits
+    assert rel_err(logits, ref_logits) <= TOL
+
+
 @pytest.mark.parametrize("family", ["llama", "granite"])
 def test_bf16_loss_of_built_logits_is_float32_as_hugging_faces(family):
     """Where the loss comes from built logits (eval mode; Granite's default cross_entropy=True) of a
@@ -460,6 +567,43 @@ def test_bf16_loss_of_built_logits_is_float32_as_hugging_faces(family):
     assert torch.equal(out.logits, ref_out.logits)
     for o in (out, out_eval):
         assert o.loss.dtype == torch.float32 and rel_err(o.loss, ref_out.loss) <= 1e-6, rel_err(o.loss, ref_out.loss)
+
+
+@pytest.mark.parametrize("mode", ["fused_linear_cross_entropy", "cross_entropy"])
+def test_float64_model_loss_is_float32_as_hugging_faces(mode):
+    """Hugging Face's loss is float32 whatever the model's dtype (its loss takes ``logits.float()``),
+    also for a float64 model: so is the patched one's, in both loss modes, with the same value."""
+    ref = tiny_model("llama", torch.float64, seed=22)
+    model = lpt.patch(tiny_model("llama", torch.float64, seed=22),
+                      fused_linear_cross_entropy=mode == "fused_linear_cross_entropy", cross_entropy=mode == "cross_entropy")
+    data = batch(9)
+    for kwargs in ({}, {"num_items_in_batch": 20}):
+        out, ref_out = model(**data, **kwargs), ref_call(ref, **data, **kwargs)
+        assert ref_out.loss.dtype == torch.float32 and out.loss.dtype == ref_out.loss.dtype, kwargs
+        assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item(), kwargs
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3"])
+def test_gemma_norms_in_bf16_round_once_as_hugging_faces(family):
+    """A bf16 Gemma-family model's norms compute ``x / rms(x) * (1 + weight)`` in float32 and round
+    once, as Hugging Face's GemmaRMSNorm (Llama's casting rounds the normalised x to bf16 before the
+    product). The norms alone are patched (the rest is Hugging Face's code), with weights away from
+    their zero initialisation (``1 + 0`` multiplies exactly either way): the logits agree to
+    float32 round-off (measured: bitwise equal; Llama's casting puts them 9e-3 to 2e-2 apart)."""
+    ref = tiny_model(family, torch.bfloat16, seed=24).eval()
+    model = tiny_model(family, torch.bfloat16, seed=24).eval()
+    with torch.no_grad():
+        for m in (ref, model):
+            g = torch.Generator().manual_seed(24)
+            for name, p in sorted(m.named_parameters()):
+                if name.endswith("norm.weight"):
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    lpt.patch(model, rope=False, swiglu=False, fused_linear_cross_entropy=False)
+    data = batch(11)
+    with torch.no_grad():
+        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+        ref_logits = ref_call(ref, input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+    assert rel_err(logits, ref_logits) <= 1e-3
 
 
 @pytest.mark.parametrize("mode", ["fused_linear_cross_entropy", "cross_entropy"])
@@ -496,6 +640,23 @@ def test_loss_options_match_hugging_face(family, mode, calls):
     expected = "fused_linear_cross_entropy" if mode == "fused_linear_cross_entropy" else "cross_entropy"
     assert calls[expected] == len(cases)
     assert calls["_kwargs"][expected]["ignore_index"] == -1
+
+
+@pytest.mark.parametrize("mode", ["fused_linear_cross_entropy", "cross_entropy"])
+def test_ignore_index_of_unshifted_labels(mode):
+    """``ignore_index`` with ``labels`` (not ``shift_labels``): the shift pads the last position
+    with ``ignore_index``, as Hugging Face's ``ForCausalLMLoss`` does, so that position is ignored
+    (padded with -100 instead, it would be a target outside the vocabulary)."""
+    ref = tiny_model("llama", seed=4)
+    model = lpt.patch(tiny_model("llama", seed=4), fused_linear_cross_entropy=mode == "fused_linear_cross_entropy",
+                      cross_entropy=mode == "cross_entropy")
+    data = batch(3)
+    data["labels"] = data["labels"].masked_fill(data["labels"] == -100, -1)
+    out, ref_out = model(**data, ignore_index=-1), ref_call(ref, **data, ignore_index=-1)
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
 
 
 def test_chunk_mib(monkeypatch, calls):
@@ -551,12 +712,73 @@ def test_logits_to_keep_and_return_dict():
     assert isinstance(tup, tuple) and tup[0].shape == (2, ids.shape[1], VOCAB)
 
 
-def test_mixtral_router_aux_loss():
+def test_logits_to_keep_tensors():
+    """``logits_to_keep`` as a tensor, in the forms Hugging Face's ``slice_logits_to_keep`` takes:
+    1-D positions (the same for every row), 2-D integer positions per row, a 2-D boolean mask
+    (flattened output); the patched model keeps the same positions as Hugging Face's."""
+    ref = tiny_model("llama", seed=5)
+    model = lpt.patch(tiny_model("llama", seed=5))
+    ids = batch()["input_ids"]
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(ids.shape, generator=g) < 0.4
+    cases = {
+        "1-D positions": torch.tensor([0, 4, 5, 11]),
+        "2-D positions": torch.stack([torch.randperm(ids.shape[1], generator=g)[:5] for _ in range(ids.shape[0])]),
+        "2-D mask": mask,
+    }
+    for name, keep in cases.items():
+        with torch.no_grad():
+            out = model(input_ids=ids, logits_to_keep=keep)
+            ref_out = ref_call(ref, input_ids=ids, logits_to_keep=keep)
+        assert out.logits.shape == ref_out.logits.shape, name
+        assert rel_err(out.logits, ref_out.logits) <= TOL, name
+
+
+@pytest.mark.parametrize("case", ["position_ids", "inputs_embeds", "output_hidden_states"])
+def test_base_model_arguments_and_outputs(case):
+    """The patched forward hands the base model what Hugging Face's does and returns what it
+    returns: ``position_ids`` (packed sequences: positions restart inside a row, which changes the
+    rotary embedding), ``inputs_embeds`` instead of ``input_ids``, and the hidden states and
+    attention weights asked for with ``output_hidden_states`` / ``output_attentions``."""
+    ref = tiny_model("llama", seed=20)
+    model = lpt.patch(tiny_model("llama", seed=20))
+    data = batch(7)
+    if case == "position_ids":
+        seq = data["input_ids"].shape[1]
+        data["position_ids"] = torch.cat([torch.arange(8), torch.arange(seq - 8)]).expand(2, seq)
+    elif case == "inputs_embeds":
+        with torch.no_grad():
+            data["inputs_embeds"] = ref.model.embed_tokens(data.pop("input_ids"))
+    else:
+        data.update(output_hidden_states=True, output_attentions=True)
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    out.loss.backward()
+    ref_out.loss.backward()
+    assert_grads_match(model, ref)
+    if case == "output_hidden_states":
+        for name in ("hidden_states", "attentions"):
+            got, want = getattr(out, name), getattr(ref_out, name)
+            assert want is not None and got is not None and len(got) == len(want), name
+            for a, b in zip(got, want):
+                assert rel_err(a, b) <= TOL, name
+
+
+@pytest.mark.parametrize("source", ["argument", "config"])
+def test_mixtral_router_aux_loss(source):
+    """Mixtral's router auxiliary loss, asked for by the ``output_router_logits`` argument or by the
+    config's ``output_router_logits`` (the default when the argument is not given), is added to the
+    loss as Hugging Face's."""
     ref = tiny_model("mixtral", seed=6)
     model = lpt.patch(tiny_model("mixtral", seed=6))
     data = batch(3)
-    out = model(**data, output_router_logits=True)
-    ref_out = ref_call(ref, **data, output_router_logits=True)
+    if source == "config":
+        for m in (ref, model):
+            m.config.output_router_logits = True
+    else:
+        data["output_router_logits"] = True
+    out = model(**data)
+    ref_out = ref_call(ref, **data)
     assert out.aux_loss is not None and len(out.router_logits) == 2
     assert abs(out.aux_loss.item() - ref_out.aux_loss.item()) <= TOL * ref_out.aux_loss.item()
     assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
@@ -624,13 +846,24 @@ def test_autocast_bf16(family):
     assert rel_err(grads, ref_grads) <= 3e-2
 
 
-def test_float32_head_of_a_bf16_model_under_autocast(calls):
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_float32_head_of_a_bf16_model_under_autocast(bias, calls):
     """A float32 LM head in a bf16 model under autocast (kept in float32 on purpose): the fused loss
     takes the head in autocast's dtype, as autocast hands it to nn.Linear (it raised a dtype
-    error), with Hugging Face's loss and head gradient up to bf16 rounding."""
+    error), with Hugging Face's loss and head gradient up to bf16 rounding. Also a head with a bias
+    (nn.Linear's: the fused loss takes it), which autocast casts with the weight. Without autocast
+    the dtypes differ in Hugging Face's model too, which raises: so does the patched one, rather
+    than cast the float32 head to some dtype of its own choosing."""
     ref, model = tiny_model("llama", torch.bfloat16, seed=17), tiny_model("llama", torch.bfloat16, seed=17)
+    if bias:
+        g = torch.Generator().manual_seed(17)
+        head_bias = torch.randn(VOCAB, generator=g)
     for m in (ref, model):
         m.lm_head.float()
+        if bias:
+            head = torch.nn.Linear(m.lm_head.in_features, VOCAB, bias=True)
+            head.weight, head.bias = m.lm_head.weight, torch.nn.Parameter(head_bias.clone())
+            m.lm_head = head
     lpt.patch(model)
     data = batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -641,6 +874,13 @@ def test_float32_head_of_a_bf16_model_under_autocast(calls):
     ref_out.loss.backward()
     assert model.lm_head.weight.grad.dtype == torch.float32
     assert rel_err(model.lm_head.weight.grad, ref.lm_head.weight.grad) <= 3e-2
+    if bias:
+        assert model.lm_head.bias.grad.dtype == torch.float32
+        assert rel_err(model.lm_head.bias.grad, ref.lm_head.bias.grad) <= 3e-2
+    with pytest.raises(RuntimeError):
+        ref_call(ref, **data)
+    with pytest.raises((RuntimeError, TypeError), match="dtype"):
+        model(**data)
 
 
 @pytest.mark.parametrize("mode", ["fused_linear_cross_entropy", "cross_entropy"])
@@ -662,6 +902,11 @@ def test_a_loss_function_set_on_the_model_is_used(mode, calls):
     out, ref_out = model(**data), ref_call(ref, **data)
     assert out.logits is not None and calls.get("fused_linear_cross_entropy", 0) == 0
     assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    # With a cache passed in (use_cache=True): the cache goes to the base model, not to the loss.
+    out = model(**data, cache=transformers.DynamicCache(config=model.config), use_cache=True)
+    ref_out = ref_call(ref, **data, cache=transformers.DynamicCache(config=ref.config), use_cache=True)
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    assert out.cache is not None and out.cache.get_seq_length() == ref_out.cache.get_seq_length() > 0
 
 
 def test_head_with_its_own_forward_builds_the_logits(calls):
@@ -803,14 +1048,34 @@ def test_patch_compiled_model(ran_before, calls):
     assert_grads_match(model, ref)
 
 
+def test_patch_compiled_base_model():
+    """patch() on a compiled base model (no LM head, so no loss to fuse) patches the model inside
+    as it would the bare one: its norms, MLPs and RoPE, Hugging Face's hidden states, and no
+    warning (the wrapper is not mistaken for a causal LM of a class of its own)."""
+    import warnings
+
+    ref = tiny_model("llama", seed=12).model
+    base = tiny_model("llama", seed=12).model
+    compiled = torch.compile(base, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lpt.patch(compiled) is compiled
+    assert type(base.norm).__module__.startswith("liger_portable")
+    ids = batch(1)["input_ids"]
+    with torch.no_grad():
+        h, h_ref = base(input_ids=ids).last_hidden_state, ref_call(ref, input_ids=ids).last_hidden_state
+    assert rel_err(h, h_ref) <= TOL
+
+
 # --------------------------------------------------------------------------- class-level patching
 
 
 @pytest.mark.parametrize("name", sorted(LIGER_FUNCTIONS))
-def test_liger_kernel_functions(name):
+def test_liger_kernel_functions(name, calls):
     """Each ``apply_liger_kernel_to_*`` has Liger-Kernel's signature and defaults, and a model
     built afterwards is built from liger_portable's modules, with Hugging Face's weights (the same
-    initialisation) and Hugging Face's loss."""
+    initialisation) and Hugging Face's loss, and runs every fused op of its defaults (RoPE and
+    Mixtral's experts, which no module class shows, included)."""
     family, defaults = LIGER_FUNCTIONS[name]
     fn = getattr(lpt, name)
     params = inspect.signature(fn).parameters
@@ -831,10 +1096,37 @@ def test_liger_kernel_functions(name):
     out, ref_out = model(**data), ref_call(ref, **data)
     assert (out.logits is None) == defaults["fused_linear_cross_entropy"]
     assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
+    loss_op = "fused_linear_cross_entropy" if defaults["fused_linear_cross_entropy"] else "cross_entropy"
+    for op in ("rms_norm", "rope", "geglu" if fam.glu == "geglu" else "swiglu", loss_op):
+        assert calls.get(op, 0) > 0, f"{op} was not called; calls: {calls}"
 
     _patch.revert()
     plain = tiny_model(family, seed=12)
     assert fam.norm in {type(m).__name__ for m in plain.modules()}
+
+
+@pytest.mark.parametrize("name", sorted(LIGER_FUNCTIONS))
+def test_liger_kernel_functions_honour_each_option(name):
+    """Each ``apply_liger_kernel_to_*`` option turned off leaves what it replaces as Hugging Face's
+    (and only that): the modeling module's ``apply_rotary_pos_emb``, its RMSNorm class, its MLP
+    class (Mixtral: the experts' ``_apply_gate``), the causal LM's ``forward``."""
+    family, defaults = LIGER_FUNCTIONS[name]
+    fn, fam = getattr(lpt, name), _patch.FAMILIES[family]
+    modeling = fam.modeling
+    glu = "geglu" if "geglu" in defaults else "swiglu"
+    targets = {
+        "rope": (modeling, "apply_rotary_pos_emb"),
+        "rms_norm": (modeling, fam.norm),
+        glu: (modeling.MixtralExperts, "_apply_gate") if fam.glu == "experts" else (modeling, fam.mlp),
+        "loss": (getattr(modeling, fam.causal_lm), "forward"),
+    }
+    hugging_face = {option: getattr(*target) for option, target in targets.items()}
+    for off in targets:
+        _patch.revert()
+        fn(**({"cross_entropy": False, "fused_linear_cross_entropy": False} if off == "loss" else {off: False}))
+        for option, target in targets.items():
+            kept = getattr(*target) is hugging_face[option]
+            assert kept == (option == off), f"{off}=False: {option} {'kept' if kept else 'replaced'}"
 
 
 def test_apply_with_model_and_revert():
@@ -855,6 +1147,19 @@ def test_apply_with_model_and_revert():
     _patch.revert()
     assert (modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP, modeling_llama.apply_rotary_pos_emb,
             modeling_llama.LlamaForCausalLM.forward) == originals
+
+
+def test_apply_with_model_replaces_its_own_forward(calls):
+    """``apply_liger_kernel_to_llama(model=...)`` on a model that has a forward of its own (here from
+    an earlier ``patch(model, cross_entropy=True)``) gives it the loss asked for now: the fused
+    loss (no logits), with Hugging Face's loss; the class-level forward alone would not reach it."""
+    ref = tiny_model("llama", seed=26)
+    model = lpt.patch(tiny_model("llama", seed=26), fused_linear_cross_entropy=False, cross_entropy=True)
+    lpt.apply_liger_kernel_to_llama(model=model)
+    data = batch(13)
+    out, ref_out = model(**data), ref_call(ref, **data)
+    assert out.logits is None and calls.get("fused_linear_cross_entropy", 0) == 1
+    assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
 
 
 # --------------------------------------------------------------------------- errors
@@ -889,17 +1194,24 @@ def test_unsupported_model_type_lists_the_supported_ones():
         lpt.apply_liger_kernel_to_mistral(model=tiny_model("llama"))
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
-def test_other_activation_is_an_error(family):
-    """The fused MLP computes one activation: another one is refused, and nothing is changed."""
+@pytest.mark.parametrize(
+    "family, act",
+    [("llama", "relu"), ("gemma2", "relu"), ("llama", "gelu_pytorch_tanh"), ("gemma2", "silu"),
+     ("mixtral", "gelu_pytorch_tanh")],
+)
+def test_other_activation_is_an_error(family, act):
+    """The fused MLP computes one activation: another one is refused, and nothing is changed. Also
+    the activation the other fused MLP computes (tanh GELU for a SwiGLU family, SiLU for a GeGLU
+    one), and Mixtral's experts."""
     config = tiny_config(family)
     key = "hidden_activation" if family == "gemma2" else "hidden_act"
-    setattr(config, key, "relu")
+    setattr(config, key, act)
     model = type(tiny_model(family))(config)
     types_before = [type(m) for m in model.modules()]
-    with pytest.raises(ValueError, match=f"swiglu=True fuses .*config.{key}='relu'; pass swiglu=False"):
+    with pytest.raises(ValueError, match=f"swiglu=True fuses .*config.{key}='{act}'; pass swiglu=False"):
         lpt.patch(model)
-    apply, option = {"llama": (lpt.apply_liger_kernel_to_llama, "swiglu"), "gemma2": (lpt.apply_liger_kernel_to_gemma2, "geglu")}[family]
+    apply, option = {"llama": (lpt.apply_liger_kernel_to_llama, "swiglu"), "gemma2": (lpt.apply_liger_kernel_to_gemma2, "geglu"),
+                     "mixtral": (lpt.apply_liger_kernel_to_mixtral, "swiglu")}[family]
     with pytest.raises(ValueError, match=f"{option}=True fuses .*; pass {option}=False"):
         apply(model=model)
     assert [type(m) for m in model.modules()] == types_before and "forward" not in vars(model)
