@@ -193,6 +193,45 @@ def test_bad_input_names_the_argument():
     F.cross_entropy(x, t32.long(), ignore_index=2**32)  # int64 targets: fine
 
 
+def test_narrow_integer_target_and_non_bool_z_loss_are_refused():
+    """Only int64 and int32 targets are class indices; return_z_loss takes True or False only."""
+    x, t = _inputs(4, 10, torch.float32)
+    t = t.clamp(min=0)
+    for dtype in (torch.int16, torch.uint8):
+        with pytest.raises(TypeError, match=r"^target must hold class indices as torch.int64 \(or torch.int32\), got torch\."):
+            F.cross_entropy(x, t.to(dtype))
+    for flag in (1, 0, None):
+        with pytest.raises(TypeError, match=r"^return_z_loss must be True or False"):
+            F.cross_entropy(x, t, return_z_loss=flag)
+    with pytest.raises(TypeError, match=r"^return_z_loss must be True or False"):
+        lnn.CrossEntropyLoss(return_z_loss=1)
+
+
+def test_int32_ignore_index_boundary():
+    """2**31 is the first ignore_index outside int32: refused with int32 targets (2**31 - 1 is fine)."""
+    x, t = _inputs(4, 10, torch.float32)
+    t32 = t.clamp(min=0).int()
+    for fn in (lambda i: F.cross_entropy(x, t32, ignore_index=i),
+               lambda i: F.fused_linear_cross_entropy(x, torch.randn(10, 10), t32, ignore_index=i)):
+        with pytest.raises(ValueError, match=r"^ignore_index=2147483648 is outside the range of target's dtype torch.int32"):
+            fn(2**31)
+        with pytest.raises(ValueError, match=r"^ignore_index=-2147483649 is outside the range"):
+            fn(-(2**31) - 1)
+        fn(-(2**31))  # within range: fine
+
+
+def test_zero_classes_one_row_and_inplace_flag_are_checked():
+    """No classes (even with every row ignored), an out-of-range label in a one-element target,
+    and a non-bool inplace_backward each name the argument."""
+    with pytest.raises(ValueError, match=r"^logits must have at least one class \(its last dimension is 0\)"):
+        F.cross_entropy(torch.randn(4, 0), torch.full((4,), -100))
+    with pytest.raises(ValueError, match=r"^target holds 10, outside the 10 classes"):
+        F.cross_entropy(torch.randn(1, 10), torch.tensor([10]))
+    x, t = _inputs(4, 10, torch.float32)
+    with pytest.raises(TypeError, match=r"^inplace_backward must be True or False"):
+        F.cross_entropy(x, t, inplace_backward=1)
+
+
 def test_module():
     x, t = _inputs(9, 77, torch.float32)
     m = lnn.CrossEntropyLoss(label_smoothing=0.1, lse_square_scale=1e-3, softcap=4.0, return_z_loss=True)

@@ -182,6 +182,11 @@ def test_weight_size_mismatch():
         F.fused_add_rms_norm(torch.ones(2, 4), torch.ones(2, 4), torch.ones(5))
 
 
+def test_weight_of_two_dims_is_refused():
+    with pytest.raises(ValueError, match=r"^weight must have shape \(4,\) to match the last dimension of x \(2, 4\), got \(4, 4\)"):
+        F.fused_add_rms_norm(torch.ones(2, 4), torch.ones(2, 4), torch.ones(4, 4))
+
+
 def test_scalar_input():
     with pytest.raises(ValueError, match=r"x must have at least one dimension"):
         F.fused_add_rms_norm(torch.tensor(1.0), torch.tensor(1.0), torch.ones(1))

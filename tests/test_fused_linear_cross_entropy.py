@@ -250,6 +250,24 @@ def test_bad_input_names_the_argument():
         F.fused_linear_cross_entropy(h, w, t, softcap=-1.0)
 
 
+def test_bad_bias_dtype_target_device_and_options_name_the_argument():
+    h, w, b, t = _inputs(4, 8, 10, torch.float32)
+    t = t.clamp(min=0)
+    with pytest.raises(TypeError, match=r"^bias has dtype torch.float16 but hidden has torch.float32"):
+        F.fused_linear_cross_entropy(h, w, t, b.half())
+    with pytest.raises(ValueError, match=r"^target is on meta but hidden is on cpu"):
+        F.fused_linear_cross_entropy(h, w, t.to("meta"))
+    with pytest.raises(TypeError, match=r"^target must hold class indices as torch.int64 \(or torch.int32\), got torch.int16"):
+        F.fused_linear_cross_entropy(h, w, t.to(torch.int16))
+    with pytest.raises(TypeError, match=r"^return_z_loss must be True or False"):
+        F.fused_linear_cross_entropy(h, w, t, return_z_loss=1)
+
+
+def test_weight_without_classes_is_refused():
+    with pytest.raises(ValueError, match=r"^weight must have at least one class \(its first dimension is 0\)"):
+        F.fused_linear_cross_entropy(torch.randn(4, 8), torch.randn(0, 8), torch.full((4,), -100))
+
+
 def test_module_and_nd():
     h, w, b, t = _inputs(12, 8, 40, torch.float32)
     m = lnn.FusedLinearCrossEntropyLoss(reduction="none", lse_square_scale=1e-3, return_z_loss=True)

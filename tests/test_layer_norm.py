@@ -148,6 +148,12 @@ def test_bias_size_mismatch():
         F.layer_norm(torch.ones(2, 4), torch.ones(4), torch.zeros(2, 4))
 
 
+def test_bias_of_two_dims_is_refused():
+    """A (4, 4) bias has the right first dimension but is not (hidden,)."""
+    with pytest.raises(ValueError, match=r"^bias must have shape \(4,\) to match the last dimension of x \(2, 4\), got \(4, 4\)"):
+        F.layer_norm(torch.ones(2, 4), torch.ones(4), torch.zeros(4, 4))
+
+
 def test_scalar_input():
     with pytest.raises(ValueError, match=r"x must have at least one dimension"):
         F.layer_norm(torch.tensor(1.0), torch.ones(1))
@@ -201,6 +207,13 @@ def test_module_variants():
 def test_module_rejects_several_dims():
     with pytest.raises(ValueError, match=r"normalized_shape must be an int or a 1-tuple"):
         lnn.LayerNorm((4, 8))
+
+
+def test_module_rejects_bool_normalized_shape():
+    """True has __index__ (it would be a hidden size of 1): refused as a mistake, bare or in a tuple."""
+    for shape in (True, (True,)):
+        with pytest.raises(ValueError, match=r"^normalized_shape must be an int or a 1-tuple"):
+            lnn.LayerNorm(shape)
 
 
 # --------------------------------------------------------------------------- torch.compile (CPU path)

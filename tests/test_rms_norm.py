@@ -113,6 +113,17 @@ def test_weight_size_mismatch():
         F.rms_norm(torch.ones(2, 4), torch.ones(5))
 
 
+def test_weight_of_two_dims_is_refused():
+    """A (4, 4) weight has the right first dimension but is not (hidden,)."""
+    with pytest.raises(ValueError, match=r"^weight must have shape \(4,\) to match the last dimension of x \(2, 4\), got \(4, 4\)"):
+        F.rms_norm(torch.ones(2, 4), torch.ones(4, 4))
+
+
+def test_module_rejects_bad_init():
+    with pytest.raises(ValueError, match=r"^init must be 'ones' or 'zeros', got 'one'"):
+        lnn.RMSNorm(4, init="one")
+
+
 def test_scalar_input():
     with pytest.raises(ValueError, match=r"x must have at least one dimension"):
         F.rms_norm(torch.tensor(1.0), torch.ones(1))
