@@ -62,7 +62,9 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 # Under torch.compile the row norms, GLU products and RoPE are left to the compiler by default
 # ("inductor"): Inductor fuses them with their neighbours and launches its kernels from compiled code
 # at less host time than a user Triton kernel costs it (the compiled step of a small model is
-# host-bound), at the same memory. The losses keep their kernels: they never build the logits.
+# host-bound), at the same memory. The losses keep their kernels: they never build the logits. So
+# does the fused MLP's product (``glu_down``): recomputed by our kernel in the backward, it leaves
+# Inductor's gradient kernel free to write over a saved input (see ``ops.glu.glu_product_op``).
 # "kernels" keeps every kernel of ours under torch.compile too. Read per call (tests set it).
 UNDER_COMPILE_CHOICES = ("inductor", "kernels")
 _under_compile = os.environ.get("LIGER_PORTABLE_UNDER_COMPILE", "")
@@ -330,11 +332,13 @@ def glu_down(
     ``nn.Linear`` (a LoRA wrapper, a subclass) or has hooks, DTensor weights, or weights of another
     dtype than ``a``. Used by the MLP modules, whose ``a`` and ``b`` are private.
 
-    Under torch.compile the product (its PyTorch formula, or with ``UNDER_COMPILE = "kernels"`` the
-    differentiable kernel op ``ops.glu.glu_op``) is put inside an activation-checkpoint region
-    (``torch.utils.checkpoint``): the compiler's partitioner then
-    recomputes it in the backward, as the eager path does, instead of saving a (tokens x
-    intermediate) tensor per layer (it would not recompute a custom op of its own accord)."""
+    Under torch.compile the product is put inside an activation-checkpoint region
+    (``torch.utils.checkpoint``): the compiler's partitioner then recomputes it in the backward, as
+    the eager path does, instead of saving a (tokens x intermediate) tensor per layer (it would not
+    recompute a custom op of its own accord). Where our kernels run, the product is our kernel op
+    ``ops.glu.glu_product_op`` and its gradients Inductor's (so the compiled backward peaks at the
+    eager path's memory: see that op), or with ``UNDER_COMPILE = "kernels"`` ``ops.glu.glu_op``
+    (our backward kernel too); elsewhere it is the PyTorch formula."""
     weight, bias = getattr(down, "weight", None), getattr(down, "bias", None)
     if (
         type(down) is not torch.nn.Linear
@@ -349,13 +353,15 @@ def glu_down(
         or torch.is_autocast_enabled(a.device.type)
     ):
         return None
-    dev = _kernel_device(_glu_ops, a.device, a, True)
+    dev = _kernel_device(_glu_ops, a.device, a)
     if torch.compiler.is_compiling():
         if dev is None:
             product = fallback.swiglu if act == "silu" else fallback.geglu
         else:
+            op = _glu_ops.glu_op if UNDER_COMPILE == "kernels" else _glu_ops.glu_product_op
+
             def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-                return _glu_ops.glu_op(_rows(a), _rows(b), act).view(a.shape)
+                return op(_rows(a), _rows(b), act).view(a.shape)
         return torch.nn.functional.linear(_checkpoint(product, a, b, use_reentrant=False), weight, bias)
     if dev is None:
         return None

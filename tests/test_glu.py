@@ -576,12 +576,15 @@ def test_kernel_interpreter_module_compile_fullgraph(simulated_device):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("choice", ["inductor", "kernels"])
 @pytest.mark.parametrize("sim", [None, "cuda-sm90"], ids=["fallback", "cuda-sm90"])
 @pytest.mark.parametrize("act", ACTS)
-def test_module_compile_does_not_keep_the_product(sim, act):
+def test_module_compile_does_not_keep_the_product(monkeypatch, sim, act, choice):
     """Under torch.compile (AOTAutograd's min-cut partitioner, as Inductor's) the MLP saves one
     (tokens x intermediate) tensor less than the modules as written, compiled alike: the product is
-    recomputed in the backward, as in eager mode. Results and gradients as the eager module's."""
+    recomputed in the backward, as in eager mode. Results and gradients as the eager module's, under
+    either UNDER_COMPILE choice (they differ in the op the product and its gradients come from)."""
+    monkeypatch.setattr(F, "UNDER_COMPILE", choice)
     with liger_portable.simulate(SIMULATED_DEVICES[sim] if sim else None):
         _check_compiled_mlp_memory(act, torch.device("cpu"), "aot_eager")
 
@@ -721,6 +724,45 @@ def test_module_gpu(act):
 def test_module_compile_does_not_keep_the_product_gpu(act):
     """As the CPU test, under Inductor with the kernel ops (triton_ops on CUDA)."""
     _check_compiled_mlp_memory(act, _gpu(), "inductor")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ACTS)
+def test_module_compile_backward_peak_gpu(inductor_under_compile, act):
+    """Under Inductor (the default UNDER_COMPILE) the compiled MLP's backward peaks no higher than
+    the eager fused MLP's, which writes the gate and up gradients over the saved activations: the
+    product is recomputed by our kernel, so Inductor's gradient kernel may write over the saved up
+    activation. (With the product in Inductor's formula, one fused kernel wrote the product and both
+    gradients while the activations were alive: two (tokens x intermediate) tensors more.) Same
+    results as eager."""
+    dev = _gpu()
+    tokens, hidden, inter = 4096, 512, 4096
+    unit = tokens * inter * 2  # one (tokens x intermediate) bf16 tensor
+    m = MODULES[act](_config(hidden=hidden, inter=inter)).to(dev, torch.bfloat16)
+    x = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16)
+
+    def backward_peak(module):
+        y = module(x)
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        start = torch.cuda.memory_allocated(dev)
+        y.backward(dy)
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev) - start
+        grads = (y.detach(), x.grad, m.gate_proj.weight.grad, m.up_proj.weight.grad, m.down_proj.weight.grad)
+        x.grad = None
+        m.zero_grad(set_to_none=True)
+        return peak, grads
+
+    eager_peak, ref = backward_peak(m)
+    torch._dynamo.reset()
+    compiled = torch.compile(m, fullgraph=True)
+    backward_peak(compiled)  # compiles forward and backward
+    compiled_peak, got = backward_peak(compiled)
+    assert compiled_peak <= eager_peak + unit // 2, (compiled_peak / unit, eager_peak / unit)
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= 1e-2
 
 
 @pytest.mark.gpu

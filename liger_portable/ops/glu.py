@@ -247,6 +247,32 @@ def _glu_op_backward(ctx, dc):
 glu_op.register_autograd(_glu_op_backward, setup_context=_glu_op_setup_context)
 
 
+@kernel_op("liger_portable::glu_product", fake=_glu_op_fake)
+def glu_product_op(a: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
+    """``act(a) * b`` by our kernel, as :func:`glu_op`, whose gradients the compiler generates from
+    the PyTorch formula (:func:`_glu_product_backward`) instead of launching our backward kernel."""
+    return glu_fwd(a, b, act)
+
+
+def _glu_product_backward(ctx, dc):
+    """The gradients of ``act(a) * b`` as eager PyTorch's autograd computes them for the fallback's
+    formula (``dc * b`` and ``act(a)`` rounded to the input dtype). Under torch.compile, inside the
+    fused MLP's checkpoint region (``functional.glu_down``): with the product recomputed by a kernel
+    of ours (which Inductor does not fuse), Inductor computes these in a kernel of their own that may
+    write ``da`` over the saved ``b`` (a donated buffer) once the product's recomputation has read
+    it, so the backward peaks at the eager path's memory; with the product in Inductor's formula too,
+    its one fused kernel read ``a`` and ``b`` while writing the product, ``da`` and ``db``, two
+    (tokens x intermediate) tensors more at the peak of every layer's backward."""
+    a, b = ctx.saved_tensors
+    if ctx.act == "silu":
+        return torch.ops.aten.silu_backward(dc * b, a), dc * torch.nn.functional.silu(a), None
+    da = torch.ops.aten.gelu_backward(dc * b, a, approximate="tanh")
+    return da, dc * torch.nn.functional.gelu(a, approximate="tanh"), None
+
+
+glu_product_op.register_autograd(_glu_product_backward, setup_context=_glu_op_setup_context)
+
+
 class _GLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, act, inplace, dev):
