@@ -461,6 +461,7 @@ def _kernel_op_examples(t):
         "liger_portable::layer_norm": (x, w, t(hidden), 1e-5),
         "liger_portable::layer_norm_backward": (dy, x, w, t(hidden), t(rows, dtype=f32), t(rows + 1, dtype=f32)),
         "liger_portable::glu": (a, b, "silu"),
+        "liger_portable::glu_product": (a, b, "gelu_tanh"),
         "liger_portable::glu_backward": (dc, a, b, "gelu_tanh"),
         "liger_portable::rope": (q, k, cos, sin),
         "liger_portable::rope_backward": (q, k, cos, sin),
