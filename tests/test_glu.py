@@ -589,6 +589,39 @@ def test_module_compile_does_not_keep_the_product(monkeypatch, sim, act, choice)
         _check_compiled_mlp_memory(act, torch.device("cpu"), "aot_eager")
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("simulated_device", ["cuda-sm90"], indirect=True)
+@pytest.mark.parametrize("choice", ["inductor", "kernels"])
+def test_module_compile_backward_ops(simulated_device, monkeypatch, choice):
+    """What the compiled MLP's backward graph runs. By default the product is recomputed by our
+    ``glu_product`` op and the gradients are the compiler's own aten ops, so that Inductor can write
+    one of them over a saved activation (test_module_compile_backward_peak_gpu measures it); with
+    "kernels" our backward kernel op computes them."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    monkeypatch.setattr(F, "UNDER_COMPILE", choice)
+    backward_ops = []
+
+    def record(gm, example_inputs):
+        backward_ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return make_boxed_func(gm)
+
+    m = MODULES["swiglu"](_config(hidden=32, inter=72))
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    torch._dynamo.reset()
+    y = torch.compile(m, fullgraph=True, backend=aot_autograd(  # partitioned as Inductor does
+        fw_compiler=lambda gm, _: make_boxed_func(gm), bw_compiler=record, partition_fn=min_cut_rematerialization_partition))(x)
+    y.sum().backward()
+    ours = sorted(op for op in backward_ops if "liger_portable" in op)
+    if choice == "inductor":
+        assert ours == ["liger_portable.glu_product.default"], backward_ops
+        assert "aten.silu_backward.default" in backward_ops
+    else:
+        assert ours == ["liger_portable.glu.default", "liger_portable.glu_backward.default"], backward_ops
+
+
 def _check_compiled_mlp_memory(act: str, device: torch.device, backend: str) -> None:
     m = MODULES[act](_config(hidden=32, inter=72)).to(device)
     hand = HandLlamaMLP(32, 72, False, act).to(device)
