@@ -162,7 +162,7 @@ def _script(tmp_path, name: str, *args: str, out: bool = True) -> subprocess.Com
 
 GPU_BENCHES = ["bench_rms_norm.py", "bench_layer_norm.py", "bench_fused_add_rms_norm.py", "bench_glu.py",
                "bench_rope.py", "bench_cross_entropy.py", "bench_fused_linear_cross_entropy.py",
-               "bench_host_overhead.py", "bench_preference_loss.py"]
+               "bench_host_overhead.py", "bench_preference_loss.py", "probe_compiled_mlp.py"]
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the run without a GPU")
