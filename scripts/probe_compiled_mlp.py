@@ -60,6 +60,8 @@ def main() -> None:
     with torch.no_grad():
         pe = rot(x, pos)
     g = torch.randn(4, 4096, 2048, device="cuda", dtype=torch.bfloat16)
+    env = results_log.environment()
+    records: list[dict] = []
 
     def run(l):
         out = l(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
@@ -111,8 +113,6 @@ def main() -> None:
                                           env=env, dtype="bfloat16", note="scripts/probe_compiled_mlp.py: median of 20"))
         return got
 
-    env = results_log.environment()
-    records: list[dict] = []
     ref = measure(layer, "liger-portable")
     for name, glu_down in (("liger-portable + compile (product in Inductor's formula)", glu_down_inductor_product),
                            ("liger-portable + compile", PACKAGE_GLU_DOWN)):
