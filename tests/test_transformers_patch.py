@@ -984,6 +984,179 @@ def test_torch_compile_fullgraph(family):
         ref_opt.zero_grad()
 
 
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """Records, for every call of ``F.scaled_dot_product_attention`` (compiled code replays the
+    record), whether it got no mask and whether ``is_causal`` was set: ``(mask is None, is_causal)``."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        seen.append((attn_mask is None, is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return seen
+
+
+def sdpa_model(family, seed, patched=True):
+    model = tiny_model(family, seed=seed)
+    model.config._attn_implementation = "sdpa"
+    return lpt.patch(model) if patched else model
+
+
+def packed_positions(batch_size=2, seq=19):
+    """Position ids of two sequences packed in each row (8 tokens, then 11)."""
+    return torch.cat([torch.arange(8), torch.arange(seq - 8)]).expand(batch_size, -1)
+
+
+# Per family: what SDPA gets in each decoder layer of the tiny model with no mask from the caller
+# (19 tokens): the plain causal mask skipped (True, True) on full-attention layers; Gemma-3's
+# sliding layer (window 8) and Mistral's (window 16, every layer) keep Hugging Face's mask.
+_NO_MASK_CALLS = {
+    "llama": [(True, True)] * 2,
+    "qwen3": [(True, True)] * 2,
+    "granite": [(True, True)] * 2,
+    "gemma3": [(False, False), (True, True)],
+    "mistral": [(False, False)] * 2,
+}
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
+@pytest.mark.parametrize("family", sorted(_NO_MASK_CALLS))
+def test_compiled_plain_causal_mask_skipped(family, use_cache, sdpa_calls):
+    """Under torch.compile a patched SDPA model called without a mask or position ids builds no
+    causal mask (SDPA's is_causal, as Hugging Face does in eager mode; compiled Hugging Face builds
+    the full mask), on every step, with no graph break or recompilation, and the loss and
+    gradients of eager Hugging Face."""
+    torch._dynamo.reset()
+    ref = sdpa_model(family, seed=21, patched=False)
+    model = sdpa_model(family, seed=21)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    frames = []
+    for step in range(3):
+        data = batch(step)
+        del data["attention_mask"]
+        data["labels"] = data["input_ids"]
+        sdpa_calls.clear()
+        out = compiled(**data, use_cache=use_cache)
+        assert sdpa_calls == _NO_MASK_CALLS[family], f"step {step}: SDPA got {sdpa_calls}"
+        sdpa_calls.clear()
+        ref_loss = ref_call(ref, **data, use_cache=use_cache).loss
+        assert sdpa_calls == _NO_MASK_CALLS[family], f"eager Hugging Face: SDPA got {sdpa_calls}"
+        assert abs(out.loss.item() - ref_loss.item()) <= TOL * ref_loss.item()
+        out.loss.backward()
+        ref_loss.backward()
+        assert_grads_match(model, ref)
+        model.zero_grad()
+        ref.zero_grad()
+        frames.append(torch._dynamo.utils.counters["frames"]["ok"])
+    assert frames[0] == frames[1] == frames[2], f"recompiled after the first step: frames compiled {frames}"
+
+
+def test_compiled_unpatched_model_keeps_its_mask(sdpa_calls):
+    """The family's create_causal_mask skips a mask only under a patched forward: an unpatched
+    model of a patched family, compiled, builds Hugging Face's mask as before."""
+    torch._dynamo.reset()
+    sdpa_model("llama", seed=22)  # patches the family's modeling module
+    model = sdpa_model("llama", seed=22, patched=False)
+    ids = batch(0)["input_ids"]
+    torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, labels=ids)
+    assert sdpa_calls == [(False, False)] * 2
+
+
+@pytest.mark.parametrize("case", ["padding-mask", "packed-positions"])
+def test_compiled_mask_kept_where_it_matters(case, sdpa_calls):
+    """Under torch.compile a patched model keeps Hugging Face's mask where the caller's arguments
+    make it more than causal (a left-padding mask; position ids of packed sequences, whose mask is
+    block-diagonal): the loss and gradients of eager Hugging Face on the same arguments, which
+    differ from the plain causal model's."""
+    torch._dynamo.reset()
+    ref = sdpa_model("llama", seed=23, patched=False)
+    model = sdpa_model("llama", seed=23)
+    data = batch(1)
+    if case == "padding-mask":  # left padding, which tokens after it would attend to without the mask
+        data["attention_mask"] = data["attention_mask"].flip(-1)
+        data["labels"][1] = data["labels"][1].flip(-1)
+    else:
+        del data["attention_mask"]
+        data["position_ids"] = packed_positions()
+    out = torch.compile(model, fullgraph=True, backend="aot_eager")(**data)
+    assert sdpa_calls == [(False, False)] * 2, f"SDPA got {sdpa_calls}"
+    ref_loss = ref_call(ref, **data).loss
+    plain = {k: v for k, v in data.items() if k not in ("attention_mask", "position_ids")}
+    assert abs(ref_call(ref, **plain).loss.item() - ref_loss.item()) > 10 * TOL * ref_loss.item()  # the mask matters
+    assert abs(out.loss.item() - ref_loss.item()) <= TOL * ref_loss.item()
+    out.loss.backward()
+    ref_loss.backward()
+    assert_grads_match(model, ref)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_export_keeps_the_mask(strict):
+    """torch.export of a patched model keeps Hugging Face's causal mask (an exported graph may run
+    on other inputs, so transformers keeps it there): its SDPA calls take the mask. Exported under
+    no_grad, as for inference (with gradients on, strict export fails on the MLP's
+    activation-checkpoint region, as on any torch.utils.checkpoint under torch 2.13)."""
+    model = sdpa_model("llama", seed=25).eval()
+    ids = batch(0)["input_ids"]
+    with torch.no_grad():
+        exported = torch.export.export(model, (), {"input_ids": ids}, strict=strict)
+    attention = [n for n in exported.graph.nodes if n.target is torch.ops.aten.scaled_dot_product_attention.default]
+    assert len(attention) == 2
+    for node in attention:
+        mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+        assert mask is not None, f"exported without the mask: {node.format_node()}"
+    with torch.no_grad():
+        logits = exported.module()(input_ids=ids).logits
+        assert rel_err(logits, ref_call(model, input_ids=ids).logits) <= TOL
+
+
+def test_compiled_eager_attention_keeps_its_mask():
+    """Eager attention has no is_causal: a patched eager-attention model under torch.compile,
+    called without a mask or position ids, keeps Hugging Face's causal mask (the loss and gradients
+    of eager Hugging Face, which differ from those of the same model attending to every token)."""
+    torch._dynamo.reset()
+    ref = tiny_model("llama", seed=26)
+    model = lpt.patch(tiny_model("llama", seed=26))
+    ids = batch(0)["input_ids"]
+    out = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, labels=ids)
+    ref_loss = ref_call(ref, input_ids=ids, labels=ids).loss
+    assert abs(out.loss.item() - ref_loss.item()) <= TOL * ref_loss.item()
+    out.loss.backward()
+    ref_loss.backward()
+    assert_grads_match(model, ref)
+
+
+def test_plain_causal_only_without_mask_functions():
+    """The mask is skipped only for SDPA, a causal config and none of the functions or block ids
+    that change the causal mask (Hugging Face's own conditions for skipping it)."""
+    from liger_portable.transformers import _mask
+
+    config = tiny_config("llama")
+    config._attn_implementation = "sdpa"
+    assert _mask.plain_causal({"config": config})
+    for key in ("or_mask_function", "and_mask_function", "block_sequence_ids"):
+        assert not _mask.plain_causal({"config": config, key: object()}), key
+    config._attn_implementation = "flash_attention_2"
+    assert not _mask.plain_causal({"config": config})
+    assert not _mask.plain_causal({})
+
+
+def test_default_positions_flag_reset_after_error():
+    """The flag a patched forward sets for its base model's call is set back when the call
+    raises, so a later compiled trace of another call does not skip a mask on it."""
+    from liger_portable.transformers import _mask
+
+    model = sdpa_model("llama", seed=24)
+    ids = batch(0)["input_ids"]
+    with pytest.raises(ValueError):
+        model(input_ids=ids, inputs_embeds=model.model.embed_tokens(ids))  # Hugging Face: one of the two
+    assert _mask.default_positions_flag() is False
+    model(input_ids=ids)
+    assert _mask.default_positions_flag() is False
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("under_compile", ["inductor", "kernels"])
 @pytest.mark.parametrize("mode", [None, "reduce-overhead", "max-autotune-no-cudagraphs"])

@@ -41,6 +41,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from .. import functional as F
+from . import _mask
 
 try:  # transformers >= 4.50
     from transformers.utils import can_return_tuple
@@ -178,10 +179,15 @@ def make_causal_lm_forward(head: str, loss_mode: str, load_balancing_loss_func: 
             model_kwargs = dict(kwargs, output_router_logits=output_router_logits)
         else:
             model_kwargs = kwargs
-        outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            inputs_embeds=inputs_embeds, use_cache=use_cache, **model_kwargs,
-        )
+        # The base model's own positions: its plain causal mask is skipped under torch.compile too (_mask).
+        previous = _mask.set_default_positions(_mask.default_positions(attention_mask, position_ids, cache, kwargs))
+        try:
+            outputs = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                inputs_embeds=inputs_embeds, use_cache=use_cache, **model_kwargs,
+            )
+        finally:
+            _mask.set_default_positions(previous)
         hidden = _keep(outputs.last_hidden_state, logits_to_keep)
         softcap = getattr(config, "final_logit_softcapping", None) if head == "softcap" else None
 

@@ -13,7 +13,10 @@ What each option replaces, in every family that has it:
   changes for every model of that family in the process, with either kind of patching (as with
   Liger-Kernel).
 * ``fused_linear_cross_entropy`` / ``cross_entropy``: the ``XForCausalLM.forward`` (see
-  :mod:`liger_portable.transformers._forward`).
+  :mod:`liger_portable.transformers._forward`), and the modeling module's ``create_causal_mask``,
+  which under ``torch.compile`` skips the plain causal mask of such a forward called without a
+  mask, position ids or cache, as Hugging Face's does in eager mode (see
+  :mod:`liger_portable.transformers._mask`; it changes nothing for other calls or models).
 
 Mixtral (transformers 5): the experts are one ``MixtralExperts`` module with 3-D parameters. With
 ``swiglu`` its ``_apply_gate`` (the ``silu(gate) * up`` step that Hugging Face's ``grouped_mm``
@@ -36,6 +39,7 @@ from . import _modules as M
 from .._checks import check_chunk_mib
 from .._warn import warn
 from ._forward import CHUNK_MIB_ATTR, make_causal_lm_forward
+from ._mask import skip_plain_causal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,6 +264,7 @@ def _patch_instance(
         _patch_rope(family)
     if loss_mode is None or not set_forward:
         return []
+    _patch_mask(family)
     for head in heads:
         head.forward = types.MethodType(_forward_for(family, loss_mode), head)
     return heads
@@ -267,6 +272,15 @@ def _patch_instance(
 
 def _patch_rope(family: Family) -> None:
     _replace(family.modeling, "apply_rotary_pos_emb", M.partial_rotary_pos_emb if family.partial_rope else M.rotary_pos_emb)
+
+
+def _patch_mask(family: Family) -> None:
+    """The modeling module's ``create_causal_mask`` skips the plain causal mask under torch.compile
+    when a patched forward's base model makes its own positions (see ``_mask``); the function
+    every model of the family in the process calls, acting only under a patched forward."""
+    modeling = family.modeling
+    if hasattr(modeling, "create_causal_mask"):
+        _replace(modeling, "create_causal_mask", skip_plain_causal(_original(modeling, "create_causal_mask")))
 
 
 def _forward_for(family: Family, loss_mode: str):
@@ -386,6 +400,7 @@ def apply_to_family(
         else:
             _replace(modeling, family.mlp, {"swiglu": M.SwiGLUMLP, "geglu": M.GEGLUMLP, "phi3": M.Phi3SwiGLUMLP}[family.glu])
     if loss_mode is not None:
+        _patch_mask(family)
         _replace(_original(modeling, family.causal_lm), "forward", _forward_for(family, loss_mode))
     if model is not None:
         # The class-level forward already applies to the instance unless it has its own.
