@@ -30,11 +30,15 @@ from hf_tiny import FAMILIES, VOCAB, isolated_patching, tiny_config, tiny_model 
 
 import liger_portable.functional as LF  # noqa: E402
 import liger_portable.transformers as lpt  # noqa: E402
-from liger_portable.transformers import _patch  # noqa: E402
+from liger_portable.transformers import _forward, _patch  # noqa: E402
 
 from conftest import rel_err  # noqa: E402
 
 TOL = 1e-5
+
+# The causal LM's cache argument (and output field): ``cache`` in transformers after 5.17,
+# ``past_key_values`` before (later releases still take the old name, deprecated).
+CACHE_ARG = "cache" if "cache" in inspect.signature(transformers.LlamaForCausalLM.forward).parameters else "past_key_values"
 
 # Liger-Kernel's class-level functions: name -> (family in hf_tiny, parameters with defaults).
 _LIGER = dict(rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True)
@@ -715,7 +719,8 @@ def test_logits_to_keep_and_return_dict():
 def test_logits_to_keep_tensors():
     """``logits_to_keep`` as a tensor, in the forms Hugging Face's ``slice_logits_to_keep`` takes:
     1-D positions (the same for every row), 2-D integer positions per row, a 2-D boolean mask
-    (flattened output); the patched model keeps the same positions as Hugging Face's."""
+    (flattened output); the patched model keeps the same positions as the installed Hugging Face
+    release (before ``slice_logits_to_keep``, a 2-D tensor indexes the positions as a 1-D one)."""
     ref = tiny_model("llama", seed=5)
     model = lpt.patch(tiny_model("llama", seed=5))
     ids = batch()["input_ids"]
@@ -728,8 +733,14 @@ def test_logits_to_keep_tensors():
     }
     for name, keep in cases.items():
         with torch.no_grad():
+            try:
+                ref_out = ref_call(ref, input_ids=ids, logits_to_keep=keep)
+            except IndexError:  # a 2-D mask before slice_logits_to_keep (transformers 5.17 and earlier)
+                assert not _forward.PER_ROW_KEEP, name
+                with pytest.raises(IndexError):
+                    model(input_ids=ids, logits_to_keep=keep)
+                continue
             out = model(input_ids=ids, logits_to_keep=keep)
-            ref_out = ref_call(ref, input_ids=ids, logits_to_keep=keep)
         assert out.logits.shape == ref_out.logits.shape, name
         assert rel_err(out.logits, ref_out.logits) <= TOL, name
 
@@ -902,11 +913,13 @@ def test_a_loss_function_set_on_the_model_is_used(mode, calls):
     out, ref_out = model(**data), ref_call(ref, **data)
     assert out.logits is not None and calls.get("fused_linear_cross_entropy", 0) == 0
     assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
-    # With a cache passed in (use_cache=True): the cache goes to the base model, not to the loss.
-    out = model(**data, cache=transformers.DynamicCache(config=model.config), use_cache=True)
-    ref_out = ref_call(ref, **data, cache=transformers.DynamicCache(config=ref.config), use_cache=True)
+    # With a cache passed in (use_cache=True), by the installed release's name for it: the cache goes
+    # to the base model, not to the loss.
+    name = CACHE_ARG
+    out = model(**data, **{name: transformers.DynamicCache(config=model.config)}, use_cache=True)
+    ref_out = ref_call(ref, **data, **{name: transformers.DynamicCache(config=ref.config)}, use_cache=True)
     assert abs(out.loss.item() - ref_out.loss.item()) <= TOL * ref_out.loss.item()
-    assert out.cache is not None and out.cache.get_seq_length() == ref_out.cache.get_seq_length() > 0
+    assert out[name] is not None and out[name].get_seq_length() == ref_out[name].get_seq_length() > 0
 
 
 def test_head_with_its_own_forward_builds_the_logits(calls):

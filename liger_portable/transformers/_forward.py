@@ -33,6 +33,7 @@ back so (the logits, where built, are not copied to float32 for it).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from typing import Callable
 
@@ -81,11 +82,18 @@ def _autocast(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
+# transformers releases with ``slice_logits_to_keep`` (after 5.17) read 2-D ``logits_to_keep`` tensors as
+# per-row positions or a mask; earlier ones index the positions dimension with any tensor.
+PER_ROW_KEEP = hasattr(importlib.import_module("transformers.modeling_utils"), "slice_logits_to_keep")
+
+
 def _keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
-    """Hugging Face's ``slice_logits_to_keep``: 0 keeps every position, an int ``n`` the last ``n``,
-    a 1-D tensor the positions it lists, a 2-D integer tensor per-row positions, a 2-D bool mask
-    the positions it marks (flattened)."""
-    if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.ndim == 2:
+    """The positions Hugging Face's causal-LM forward keeps (``slice_logits_to_keep`` where the
+    installed transformers has it): 0 keeps every position, an int ``n`` the last ``n``, a 1-D
+    tensor the positions it lists, a 2-D integer tensor per-row positions, a 2-D bool mask the
+    positions it marks (flattened). Before ``slice_logits_to_keep``, a 2-D tensor indexes the
+    positions dimension as a 1-D one does, as those releases do."""
+    if PER_ROW_KEEP and isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.ndim == 2:
         if logits_to_keep.dtype == torch.bool:
             return hidden[logits_to_keep]
         return torch.take_along_dim(hidden, logits_to_keep[..., None], dim=1)
@@ -206,7 +214,8 @@ def make_causal_lm_forward(head: str, loss_mode: str, load_balancing_loss_func: 
             if softcap is not None:
                 logits = torch.tanh(logits / softcap) * softcap
             if labels is not None and custom is not None:
-                loss_kwargs = {k: v for k, v in kwargs.items() if k != "cache"}  # as Hugging Face passes them
+                # as Hugging Face passes them: the cache (either name) is the base model's argument
+                loss_kwargs = {k: v for k, v in kwargs.items() if k not in ("cache", "past_key_values")}
                 loss = custom(logits=logits, labels=labels, vocab_size=config.vocab_size, **loss_kwargs)
             elif labels is not None:
                 loss = _ce_loss(logits, labels, **kwargs)
