@@ -33,7 +33,6 @@ back so (the logits, where built, are not copied to float32 for it).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from typing import Callable
 
@@ -50,6 +49,7 @@ except ImportError:  # pragma: no cover - older transformers
     def can_return_tuple(fn):
         return fn
 
+from transformers import modeling_utils as _hf_modeling_utils
 from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
 LOSS_MODES = ("flce", "ce")
@@ -84,7 +84,7 @@ def _autocast(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 # transformers releases with ``slice_logits_to_keep`` (after 5.17) read 2-D ``logits_to_keep`` tensors as
 # per-row positions or a mask; earlier ones index the positions dimension with any tensor.
-PER_ROW_KEEP = hasattr(importlib.import_module("transformers.modeling_utils"), "slice_logits_to_keep")
+PER_ROW_KEEP = hasattr(_hf_modeling_utils, "slice_logits_to_keep")
 
 
 def _keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:

@@ -84,5 +84,4 @@ def skip_plain_causal(create_causal_mask: Callable) -> Callable:
             return None
         return create_causal_mask(*args, **kwargs)
 
-    wrapper.liger_portable = "skip_plain_causal"
     return wrapper
